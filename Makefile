@@ -1,0 +1,49 @@
+# distlab: the two commands a student needs are `make lab` and `make test`.
+# Everything runs from a virtual environment in .venv, made on first use with $(PYTHON) -m venv.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Touched after a successful install; pip runs again only when pyproject.toml is newer than it.
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help env kernel lab test book lint clean
+
+help:
+	@echo "make lab    set up .venv (first time only) and open JupyterLab on labs/"
+	@echo "make test   run the whole suite: unit tests, every lab notebook (nbval), the book build"
+	@echo "make book   draw the figures and build the book into _build/html"
+	@echo "make lint   ruff check src tests"
+	@echo "make clean  remove build outputs (keeps .venv; 'rm -rf .venv' to start over)"
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
+	  echo "distlab needs Python 3.10 or newer; '$(PYTHON)' is older. Run e.g. 'make PYTHON=python3.11 lab'."; \
+	  exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@touch $@
+
+kernel: $(STAMP)
+	$(BIN)/python -m ipykernel install --user --name distlab --display-name "Python (distlab)"
+
+lab: kernel
+	$(BIN)/jupyter lab labs/
+
+# One pytest run: tests/ (including tests/test_book.py, which builds the book) and every notebook in labs/.
+test: $(STAMP)
+	$(BIN)/pytest --nbval --nbval-current-env tests labs
+
+book: $(STAMP)
+	$(BIN)/python -m distlab.figures book/figures
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf _build book/figures .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,0 +1,459 @@
+"""An nccl-tests-style benchmark: our collectives against torch.distributed's built-ins.
+
+For each message size, every implementation of a collective (ours from `ALGORITHMS`, and the built-in,
+named "torch") is warmed up, then timed in blocks of `iters` calls with a barrier before each block;
+the blocks of the implementations are interleaved, in rotating order, so that machine noise hits them
+alike. Each rank times its own block; the time of a block is the slowest rank's (max over ranks; nccl-tests
+averages over ranks by default, `-a 1`, and takes the max with `-a 3`) and a row reports the median
+over `repeats` blocks. Sizes, algbw and busbw follow nccl-tests' doc/PERFORMANCE.md (NVIDIA, 2016-):
+the size is that of the whole vector (see `busbw_factor`), algbw = size / time and busbw = algbw x factor.
+
+    from distlab.collectives import bench
+    rows = bench.benchmark(4, ["all_reduce"], bench.parse_sizes("4M:64M:4"))
+    print(bench.format_table(rows)); print(bench.format_ratio_table(bench.ratio_table(rows)))
+
+On a GPU node, the same benchmark runs under torchrun, one GPU per rank, on NCCL:
+
+    torchrun --nproc-per-node 4 -m distlab.collectives.bench --sizes 1K:256M --collectives all_reduce
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distlab import launch
+
+BUILTIN = "torch"
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "scatter",
+               "gather")
+# Collectives whose size is split evenly over the ranks: nccl-tests rounds the count down to a multiple of p.
+_SPLIT = ("reduce_scatter", "all_gather", "all_to_all", "scatter", "gather")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
+_CHUNK = 256 << 20  # auto iteration count: each timed block moves about this many bytes
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """busbw / algbw for `collective` on n ranks, as defined in nccl-tests doc/PERFORMANCE.md.
+
+    all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast, reduce 1;
+    scatter and gather (n-1)/n (nccl-tests src/scatter.cu, src/gather.cu). With it, busbw can be compared
+    with the link bandwidth whatever the number of ranks.
+    """
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be a positive integer number of ranks, e.g. 4")
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the benchmark table (one collective, implementation, world size and size)."""
+
+    collective: str
+    implementation: str
+    world_size: int
+    size: int  # bytes of the whole vector (nccl-tests' convention)
+    count: int  # elements of the whole vector
+    dtype: str
+    time_us: float  # median over repeats of the slowest rank's mean time per call
+    algbw_GBps: float  # noqa: N815 (units in the name, as nccl-tests prints them)
+    busbw_GBps: float  # noqa: N815
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str | int) -> int:
+    """"4K" -> 4096, "64M" -> 67108864, 100 -> 100 (K, M, G are powers of 1024, as in nccl-tests)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text), re.IGNORECASE)
+        if not match:
+            raise ValueError(f"size {text!r} is not a byte count; write e.g. 4096, '4K', '64M' or '1G'")
+        value = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value <= 0:
+        raise ValueError(f"size={text!r} must be a positive number of bytes; use e.g. '4K' or 1024")
+    return value
+
+
+def parse_sizes(text: str | Sequence[str | int]) -> list[int]:
+    """"1K:256M" (doubling), "1K:256M:4" (step factor 4), "4M,16M,64M", or a list -> sizes in bytes."""
+    if not isinstance(text, str):
+        return [parse_size(s) for s in text]
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"sizes {text!r} must be MIN:MAX or MIN:MAX:FACTOR, e.g. '1K:256M' or '1K:1G:4'")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) == 3 else 2
+        if hi < lo or factor < 2:
+            raise ValueError(f"sizes {text!r}: need MIN <= MAX and FACTOR >= 2, e.g. '1K:256M:2'")
+        out = [lo]
+        while out[-1] * factor <= hi:
+            out.append(out[-1] * factor)
+        return out
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def _check_sizes(sizes: Sequence[int]) -> list[int]:
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes is empty; pass at least one size in bytes, e.g. [4096] or '4K:4M'")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0:
+            raise ValueError(f"size={s!r} in sizes must be a positive integer number of bytes; "
+                             "e.g. sizes=[4096, 1 << 20] or parse_sizes('4K:4M')")
+    return [int(s) for s in sizes]
+
+
+# --------------------------------------------------------------------------------------------------
+# One call of each implementation, with its buffers allocated once
+# --------------------------------------------------------------------------------------------------
+
+def implementations_of(collective: str) -> list[str]:
+    """Our algorithms for `collective` (names in ALGORITHMS), then the built-in, "torch"."""
+    from distlab.collectives.algorithms import ALGORITHMS
+
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    return [name for name, algo in ALGORITHMS.items() if algo.collective == collective] + [BUILTIN]
+
+
+def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks_per_node: int
+               ) -> Callable[[], object]:
+    """A zero-argument function that runs one `collective` of `count` elements with `impl`."""
+    from distlab.collectives.algorithms import ALGORITHMS
+
+    p, me, dev = launch.world_size(), launch.rank(), launch.device()
+    full = torch.zeros(count, dtype=dtype, device=dev)
+    part = torch.zeros(count // p, dtype=dtype, device=dev)
+    parts = [torch.zeros(count // p, dtype=dtype, device=dev) for _ in range(p)]
+    if impl != BUILTIN:
+        fn = ALGORITHMS[impl].fn
+        return {
+            "all_reduce": lambda: fn(full, ranks_per_node) if impl == "hierarchical_all_reduce" else fn(full),
+            "reduce_scatter": lambda: fn(full),
+            "all_gather": lambda: fn(part),
+            "broadcast": lambda: fn(full, src=0),
+            "reduce": lambda: fn(full, dst=0),
+            "all_to_all": lambda: fn(parts),
+            "scatter": lambda: fn(parts if me == 0 else None, src=0),
+            "gather": lambda: fn(part, dst=0),
+        }[collective]
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    outs = [torch.empty_like(t) for t in parts]
+    return {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "reduce_scatter": lambda: reduce_scatter(part, full),
+        "all_gather": lambda: all_gather(full, part),
+        "broadcast": lambda: dist.broadcast(full, 0),
+        "reduce": lambda: dist.reduce(full, 0),
+        "all_to_all": lambda: dist.all_to_all(outs, parts),
+        "scatter": lambda: dist.scatter(part, parts if me == 0 else None, src=0),
+        "gather": lambda: dist.gather(part, parts if me == 0 else None, dst=0),
+    }[collective]
+
+
+def _element_count(collective: str, size: int, itemsize: int, p: int) -> int:
+    count = size // itemsize
+    if collective in _SPLIT:
+        count -= count % p  # as nccl-tests: a whole number of elements per rank
+    if count < 1 or (collective in _SPLIT and count < p):
+        least = itemsize * (p if collective in _SPLIT else 1)
+        raise ValueError(f"size={size} B is too small for {collective} on {p} ranks with {itemsize}-byte "
+                         f"elements; use sizes of at least {least} B")
+    return count
+
+
+def _auto_iters(size: int, iters: int | None) -> int:
+    return iters if iters is not None else int(np.clip(_CHUNK // size, 2, 20))
+
+
+# --------------------------------------------------------------------------------------------------
+# Inside every rank
+# --------------------------------------------------------------------------------------------------
+
+def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
+                  implementations: Sequence[str] | None = None, *, iters: int | None = None,
+                  warmup: int | None = None, repeats: int = 5,
+                  dtype: str = "float32", ranks_per_node: int | None = None, over_ranks: str = "max",
+                  progress_path: str | None = None, echo: bool = False) -> list[Row]:
+    """Inside every rank: time each implementation of each collective at each size; return the rows.
+
+    iters: calls per timed block (default: 20, fewer for big messages so that a block moves ~256 MB, at
+        least 2); warmup: untimed calls per implementation and size (default: min(5, iters));
+    repeats: timed blocks per implementation; the row has their median.
+    over_ranks: "max" (the slowest rank's time) or "mean" (nccl-tests' default) per block.
+    ranks_per_node: for hierarchical_all_reduce (default: half the ranks if p is even and >= 4, else p).
+    progress_path: rank 0 appends a line to this file after each size (the parent's progress bar).
+    echo: rank 0 prints each row as it is measured (used under torchrun).
+    """
+    p, me, dev = launch.world_size(), launch.rank(), launch.device()
+    sizes = _check_sizes(sizes)
+    _check_choice("dtype", dtype, _DTYPES)
+    _check_choice("over_ranks", over_ranks, ("max", "mean"))
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be >= 1 (a row is the median over repeats), e.g. 5")
+    torch_dtype = _DTYPES[dtype]
+    itemsize = torch.tensor([], dtype=torch_dtype).element_size()
+    q = ranks_per_node or (p // 2 if p % 2 == 0 and p >= 4 else p)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    plan = {c: _pick(c, implementations) for c in collectives}
+    rows: list[Row] = []
+    if echo and me == 0:
+        print(format_table([]), flush=True)
+    for collective in collectives:
+        for size in sizes:
+            count = _element_count(collective, size, itemsize, p)
+            impls = plan[collective]
+            calls = [_make_call(collective, impl, count, torch_dtype, q) for impl in impls]
+            n_iter = _auto_iters(count * itemsize, iters)
+            for call in calls:
+                for _ in range(warmup if warmup is not None else min(5, n_iter)):
+                    call()
+            sync()
+            times = torch.zeros(repeats, len(impls), dtype=torch.float64)
+            for rep in range(repeats):
+                for k in range(len(impls)):
+                    j = (k + rep) % len(impls)  # rotate who goes first
+                    dist.barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n_iter):
+                        calls[j]()
+                    sync()
+                    times[rep, j] = (time.perf_counter() - t0) / n_iter
+            times = times.to(dev)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX if over_ranks == "max" else dist.ReduceOp.SUM)
+            times = times.cpu() / (1 if over_ranks == "max" else p)
+            new = [_row(collective, impl, p, count, itemsize, dtype, float(times[:, j].median()))
+                   for j, impl in enumerate(impls)]
+            rows += new
+            if me == 0 and echo:
+                print(format_table(new, header=False), flush=True)
+            if me == 0 and progress_path:
+                with open(progress_path, "a") as f:
+                    f.write(f"{collective} {size}\n")
+            del calls
+    return rows
+
+
+def _row(collective: str, impl: str, p: int, count: int, itemsize: int, dtype: str, seconds: float) -> Row:
+    size = count * itemsize
+    algbw = size / seconds / 1e9
+    busbw = algbw * busbw_factor(collective, p)
+    return Row(collective, impl, p, size, count, dtype, seconds * 1e6, algbw, busbw)
+
+
+def _check_choice(name: str, value: object, allowed: Sequence[str] | dict) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+def _pick(collective: str, implementations: Sequence[str] | None) -> list[str]:
+    known = implementations_of(collective)
+    if implementations is None:
+        return known
+    every = {i for c in COLLECTIVES for i in implementations_of(c)}
+    for impl in implementations:
+        if impl not in every:
+            raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(sorted(every))}")
+    chosen = [i for i in implementations if i in known]
+    if not chosen:
+        raise ValueError(f"none of implementations={list(implementations)!r} implements {collective}; "
+                         f"add one of {', '.join(known)}")
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------------
+# The driver, in the parent process
+# --------------------------------------------------------------------------------------------------
+
+def benchmark(world_size: int | Sequence[int], collectives: Sequence[str] = ("all_reduce",),
+              sizes: Sequence[int] | str = "4M:64M:4", implementations: Sequence[str] | None = None, *,
+              iters: int | None = None, warmup: int | None = None, repeats: int = 5, dtype: str = "float32",
+              ranks_per_node: int | None = None, over_ranks: str = "max", backend: str = "auto",
+              timeout: float = 120.0, progress: bool = True) -> list[Row]:
+    """Start `world_size` ranks (or one run per world size in a list) with `launch.run` and benchmark.
+
+    Arguments as for `run_benchmark`. A tqdm bar advances after each (collective, size). Returns the rows
+    of all runs; `format_table(rows)` prints them, `ratio_table(rows)` compares ours with the built-in.
+    """
+    sizes = parse_sizes(sizes) if isinstance(sizes, str) else _check_sizes(sizes)
+    world_sizes = [world_size] if isinstance(world_size, int) else list(world_size)
+    for w in world_sizes:
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"world_size={w!r} must be a positive integer number of ranks, e.g. 2 or [2, 4]")
+    if isinstance(collectives, str):
+        collectives = [collectives]
+    for c in collectives:
+        _pick(c, implementations)  # raises on unknown collectives and implementations
+    _check_choice("dtype", dtype, _DTYPES)
+    _check_choice("over_ranks", over_ranks, ("max", "mean"))
+    itemsize = torch.tensor([], dtype=_DTYPES[dtype]).element_size()
+    for w in world_sizes:
+        for c in collectives:
+            for s in sizes:
+                _element_count(c, s, itemsize, w)
+    from tqdm.auto import tqdm
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp:
+        bar = tqdm(total=len(world_sizes) * len(collectives) * len(sizes), desc="benchmark", unit="size",
+                   disable=not progress)
+        for w in world_sizes:
+            path = Path(tmp) / f"progress-{w}"
+            path.touch()
+            bar.set_postfix_str(f"{w} ranks")
+            done = threading.Event()
+            watcher = threading.Thread(target=_follow, args=(path, bar, done), daemon=True)
+            watcher.start()
+            try:
+                rows += launch.run(run_benchmark, w, list(collectives), sizes, implementations, iters=iters,
+                                   warmup=warmup, repeats=repeats, dtype=dtype, ranks_per_node=ranks_per_node,
+                                   over_ranks=over_ranks, progress_path=str(path), backend=backend,
+                                   timeout=timeout)[0]
+            finally:
+                done.set()
+                watcher.join()
+        bar.close()
+    return rows
+
+
+def _follow(path: Path, bar: Any, done: threading.Event) -> None:
+    """Advance `bar` by one for every line rank 0 appends to `path`, until `done`."""
+    seen = 0
+    while True:
+        finished = done.wait(0.2)
+        lines = path.read_text().count("\n") if path.exists() else 0
+        if lines > seen:
+            bar.update(lines - seen)
+            seen = lines
+        if finished:
+            return
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables (plain text, no pandas)
+# --------------------------------------------------------------------------------------------------
+
+_COLUMNS = (("collective", 14, "", "s"), ("implementation", 29, "", "s"), ("ranks", 5, "", "d"),
+            ("size", 12, "(B)", "d"), ("count", 12, "(elements)", "d"), ("type", 8, "", "s"),
+            ("time", 10, "(us)", ".1f"), ("algbw", 8, "(GB/s)", ".3f"), ("busbw", 8, "(GB/s)", ".3f"))
+
+
+def format_table(rows: Sequence[Row], header: bool = True) -> str:
+    """Fixed-width table in the layout of nccl-tests' output (header lines start with '#')."""
+    lines = []
+    if header:
+        lines.append("#" + " ".join(f"{name:>{w}}" for name, w, _, _ in _COLUMNS)[1:])
+        lines.append("#" + " ".join(f"{unit:>{w}}" for _, w, unit, _ in _COLUMNS)[1:])
+    for r in rows:
+        values = (r.collective, r.implementation, r.world_size, r.size, r.count, r.dtype, r.time_us,
+                  r.algbw_GBps, r.busbw_GBps)
+        lines.append(" ".join(f"{v:>{w}{fmt}}" for v, (_, w, _, fmt) in zip(values, _COLUMNS, strict=True)))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Our busbw over the built-in's, for one collective, implementation, world size and size."""
+
+    collective: str
+    implementation: str
+    world_size: int
+    size: int
+    busbw_GBps: float  # noqa: N815
+    builtin_busbw_GBps: float  # noqa: N815
+    ratio: float  # = builtin time / our time (equal to the busbw ratio, and defined for 1 rank too)
+
+
+def ratio_table(rows: Sequence[Row]) -> list[Ratio]:
+    """Ours / built-in for every row of ours that has a built-in row of the same collective, size, ranks."""
+    builtin = {(r.collective, r.world_size, r.size): r for r in rows if r.implementation == BUILTIN}
+    out = []
+    for r in rows:
+        b = builtin.get((r.collective, r.world_size, r.size))
+        if r.implementation != BUILTIN and b is not None:
+            out.append(Ratio(r.collective, r.implementation, r.world_size, r.size, r.busbw_GBps, b.busbw_GBps,
+                             b.time_us / r.time_us))
+    return sorted(out, key=lambda x: (x.collective, x.implementation, x.world_size, x.size))
+
+
+def format_ratio_table(ratios: Sequence[Ratio]) -> str:
+    """Fixed-width text of `ratio_table(rows)`."""
+    lines = [f"#{'collective':>13} {'implementation':>29} {'ranks':>5} {'size':>12} {'busbw':>8} "
+             f"{'torch':>8} {'ours/torch':>10}",
+             f"#{'':>13} {'':>29} {'':>5} {'(B)':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>10}"]
+    for r in ratios:
+        lines.append(f"{r.collective:>14} {r.implementation:>29} {r.world_size:>5} {r.size:>12} "
+                     f"{r.busbw_GBps:>8.3f} {r.builtin_busbw_GBps:>8.3f} {r.ratio:>10.2f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line: under torchrun (one GPU per rank), or starting its own ranks on this machine
+# --------------------------------------------------------------------------------------------------
+
+def _under_torchrun(args: argparse.Namespace) -> None:
+    rows = run_benchmark(args.collectives, parse_sizes(args.sizes), args.implementations, iters=args.iters,
+                         warmup=args.warmup, repeats=args.repeats, dtype=args.dtype,
+                         ranks_per_node=args.ranks_per_node, over_ranks=args.over_ranks, echo=True)
+    if launch.rank() == 0:
+        print("\n" + format_ratio_table(ratio_table(rows)), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m distlab.collectives.bench",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="4M:64M:4", help="MIN:MAX[:FACTOR] or a comma list, e.g. 1K:256M")
+    parser.add_argument("--collectives", nargs="+", default=["all_reduce"], choices=COLLECTIVES)
+    parser.add_argument("--implementations", nargs="+", default=None, help="default: ours and torch")
+    parser.add_argument("--world-size", type=int, nargs="+", default=[2], help="ranks (without torchrun)")
+    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", default="float32", choices=list(_DTYPES))
+    parser.add_argument("--ranks-per-node", type=int, default=None)
+    parser.add_argument("--over-ranks", default="max", choices=["max", "mean"])
+    args = parser.parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        launch.under_torchrun(_under_torchrun, args)
+        return
+    rows = benchmark(args.world_size, args.collectives, args.sizes, args.implementations, iters=args.iters,
+                     warmup=args.warmup, repeats=args.repeats, dtype=args.dtype,
+                     ranks_per_node=args.ranks_per_node, over_ranks=args.over_ranks)
+    print(format_table(rows))
+    print("\n" + format_ratio_table(ratio_table(rows)))
+
+
+if __name__ == "__main__":
+    main()

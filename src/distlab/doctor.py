@@ -1,0 +1,343 @@
+"""`distlab doctor`: what this machine offers the labs, and what the labs will use.
+
+Call :func:`report` for the facts as a :class:`Report`, or :func:`print_report` to show them. Every probe is
+guarded: a machine without a GPU, nvidia-smi, InfiniBand or /proc still gets a full report. The file-system
+roots and the nvidia-smi runner are parameters, so that tests can feed fake trees and fake output.
+
+NCCL shows up three times, and they can disagree: the version torch was compiled against
+(``torch.cuda.nccl.version()`` reads NCCL's headers at build time), the ``nvidia-nccl-cu12`` pip package,
+and the ``libnccl`` torch actually loaded (found in /proc/self/maps and asked ``ncclGetVersion`` at run
+time). When NCCL misbehaves, a mismatch between these is the first thing to rule out, so it is flagged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SmiRunner = Callable[[Sequence[str]], "str | None"]
+NCCL_PIP_PACKAGES = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
+CPU_WORLD_SIZES = (2, 4)
+NO_GPU = "No CUDA GPU visible: the labs run ranks as CPU processes on the gloo backend."
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One CUDA device as torch sees it."""
+    index: int
+    name: str
+    memory_gib: float
+    compute_capability: str
+    multiprocessors: int
+
+
+@dataclass(frozen=True)
+class IBPort:
+    """One port of an RDMA device: ``link_layer`` is InfiniBand, or Ethernet for RoCE."""
+    port: int
+    state: str
+    rate: str
+    link_layer: str
+
+
+@dataclass(frozen=True)
+class IBDevice:
+    """One device under /sys/class/infiniband (an InfiniBand HCA or a RoCE NIC)."""
+    name: str
+    ports: list[IBPort]
+
+
+@dataclass(frozen=True)
+class LabRun:
+    """How ``launch.run(fn, world_size, backend="auto")`` will run on this machine."""
+    world_size: int
+    backend: str
+    note: str
+
+
+@dataclass
+class Report:
+    """Everything `distlab doctor` found. ``str(report)`` is the plain-text view, ``to_json()`` the JSON."""
+    python: str
+    platform: str
+    torch: str | None
+    cuda_available: bool
+    cuda_version: str | None
+    cudnn_version: int | None
+    nccl_torch: str | None
+    nccl_loaded_path: str | None
+    nccl_loaded_version: str | None
+    nccl_pip: dict[str, str]
+    backends: dict[str, bool]
+    cpu_count: int | None
+    cpu_affinity: int | None
+    memory_total_gib: float | None
+    memory_available_gib: float | None
+    gpus: list[GPU]
+    topology: str | None
+    nvlink: str | None
+    infiniband: list[IBDevice]
+    lab_runs: list[LabRun]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The report as plain data (nested dataclasses become dicts)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The report as indented JSON."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self) -> str:
+        return render(self)
+
+    def _repr_markdown_(self) -> str:
+        return "```text\n" + render(self) + "\n```"
+
+
+def run_nvidia_smi(args: Sequence[str], executable: str = "nvidia-smi", timeout: float = 5.0) -> str | None:
+    """Output of ``nvidia-smi *args``, or None when it is absent, fails or takes longer than ``timeout`` s."""
+    path = shutil.which(executable)
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = done.stdout.strip()
+    return text if done.returncode == 0 and text else None
+
+
+def read_infiniband(root: str | os.PathLike = "/sys/class/infiniband") -> list[IBDevice]:
+    """Parse the RDMA devices in a /sys/class/infiniband tree (missing or unreadable: no devices)."""
+    def read(path: Path) -> str:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return "unknown"
+
+    devices = []
+    for dev in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
+        numbered = [p for p in (dev / "ports").glob("*") if p.name.isdigit()]
+        ports = [IBPort(int(p.name), read(p / "state").split(":")[-1].strip(),  # state reads "4: ACTIVE"
+                        read(p / "rate"), read(p / "link_layer")) for p in numbered]
+        devices.append(IBDevice(dev.name, sorted(ports, key=lambda port: port.port)))
+    return devices
+
+
+def read_meminfo(path: str | os.PathLike = "/proc/meminfo") -> dict[str, float]:
+    """MemTotal and MemAvailable in GiB from /proc/meminfo (empty where the file is absent)."""
+    out: dict[str, float] = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("MemTotal", "MemAvailable") and value.split():
+                out[key] = round(int(value.split()[0]) / 2**20, 2)  # the file counts kB
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def find_loaded_nccl(maps: str | os.PathLike = "/proc/self/maps") -> str | None:
+    """Path of the libnccl mapped into this process (Linux), or None."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return None
+    paths = {parts[5] for parts in (line.split(maxsplit=5) for line in text.splitlines()) if len(parts) == 6}
+    hits = sorted(p for p in paths if re.search(r"/libnccl\.so(\.\d+)*$", p))  # not plugins (libnccl-net)
+    return hits[0] if hits else None
+
+
+def decode_nccl_version(code: int) -> str:
+    """Turn ``ncclGetVersion``'s integer into "major.minor.patch" (the encoding changed at NCCL 2.9)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def nccl_library_version(path: str) -> str | None:
+    """Ask the library at ``path`` for its version through ``ncclGetVersion``; None if that fails."""
+    try:
+        code = ctypes.c_int(0)
+        if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+            return None
+        return decode_nccl_version(code.value)
+    except (OSError, AttributeError):
+        return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    """Compare major.minor.patch only (pip may add ``.post1``, torch a suffix)."""
+    return re.findall(r"\d+", a)[:3] == re.findall(r"\d+", b)[:3]
+
+
+def nccl_warnings(torch_nccl: str | None, loaded: str | None, pip: dict[str, str],
+                  loaded_path: str | None = None) -> list[str]:
+    """Warnings for every pair of known NCCL versions that disagree (none when versions are unknown)."""
+    out = []
+    for package, version in pip.items():
+        if torch_nccl and not _same_version(torch_nccl, version):
+            out.append(f"NCCL mismatch: torch was built against NCCL {torch_nccl}, but the pip package "
+                       f"{package} is {version}. Install the {package} version torch expects "
+                       f"(`pip install {package}=={torch_nccl}`) or a torch built for {version}.")
+        if loaded and not _same_version(loaded, version):
+            out.append(f"NCCL mismatch: torch loaded NCCL {loaded} from {loaded_path or 'an unknown path'}, "
+                       f"not the pip package {package} {version}; check LD_LIBRARY_PATH and LD_PRELOAD.")
+    said = any(_same_version(loaded, v) for v in pip.values()) if loaded else False  # covered above
+    if torch_nccl and loaded and not _same_version(torch_nccl, loaded) and not said:
+        out.append(f"NCCL mismatch: torch was built against NCCL {torch_nccl} but loaded {loaded} "
+                   f"from {loaded_path or 'an unknown path'}.")
+    return out
+
+
+def plan_lab_runs(n_gpus: int, cpu_cores: int, nccl_available: bool = True) -> list[LabRun]:
+    """The world sizes the labs use and the backend ``launch.run(..., backend="auto")`` picks for each.
+
+    The launcher's rule (``launch.resolve_backend``): NCCL with one GPU per rank when torch has NCCL and at
+    least ``world_size`` CUDA GPUs are visible, otherwise gloo with every rank a CPU process. The labs use
+    2 and 4 ranks, and on GPUs powers of two up to the GPU count, and the GPU count itself.
+    """
+    sizes = set(CPU_WORLD_SIZES) | ({n_gpus} if n_gpus else set())
+    sizes |= {2**k for k in range(1, 8) if 2**k <= n_gpus}
+    runs = []
+    for size in sorted(sizes):
+        if size <= n_gpus and nccl_available:
+            runs.append(LabRun(size, "nccl", f"one GPU per rank (cuda:0..cuda:{size - 1})"))
+        elif size <= cpu_cores:
+            runs.append(LabRun(size, "gloo", "CPU processes, one core each"))
+        else:
+            runs.append(LabRun(size, "gloo", f"CPU processes sharing {cpu_cores} core(s): timings are "
+                                             "contended, so compare algorithms, not absolute numbers"))
+    return runs
+
+
+def summarize_nvlink(status: str) -> list[str]:
+    """One line per GPU from ``nvidia-smi nvlink --status``: how many links are up and at what speed."""
+    gpus: list[tuple[str, list[str], int]] = []
+    for line in status.splitlines():
+        if line.startswith("GPU "):
+            gpus.append((line.split("(UUID")[0].strip(), [], 0))
+        elif gpus and re.search(r"Link \d+:", line):
+            speed = re.search(r"Link \d+:\s*([\d.]+\s*GB/s)", line)
+            name, up, down = gpus[-1]
+            gpus[-1] = (name, up + [speed.group(1)] if speed else up, down + (0 if speed else 1))
+    return [f"{name}: {len(up)} link(s) up" + (f" at {up[0]} each" if up and len(set(up)) == 1 else "")
+            + (f", {down} inactive" if down else "") for name, up, down in gpus] or status.splitlines()
+
+
+def _torch_facts() -> dict:
+    """Versions, backends and GPUs from torch; each probe guarded so one failure hides only its own fact."""
+    facts: dict = {"torch": None, "cuda_available": False, "cuda_version": None, "cudnn_version": None,
+                   "nccl_torch": None, "backends": {}, "gpus": [], "warnings": []}
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # noqa: BLE001
+        facts["warnings"].append(f"torch could not be imported ({exc}); the labs need it.")
+        return facts
+    facts["torch"] = torch.__version__
+    facts["cuda_version"] = torch.version.cuda
+    try:
+        facts["cuda_available"] = bool(torch.cuda.is_available())
+        if torch.backends.cudnn.is_available():
+            facts["cudnn_version"] = torch.backends.cudnn.version()
+        if hasattr(torch._C, "_nccl_version"):  # a CUDA build knows its NCCL even when no GPU is visible
+            facts["nccl_torch"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        if facts["cuda_available"]:
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                facts["gpus"].append(GPU(i, p.name, round(p.total_memory / 2**30, 1), f"{p.major}.{p.minor}",
+                                         p.multi_processor_count))
+    except Exception as exc:  # noqa: BLE001
+        facts["warnings"].append(f"CUDA probe failed: {exc}")
+    ok = dist.is_available()
+    facts["backends"] = {"gloo": ok and dist.is_gloo_available(), "nccl": ok and dist.is_nccl_available(),
+                         "mpi": ok and dist.is_mpi_available()}
+    return facts
+
+
+def report(sys_root: str | os.PathLike = "/sys", proc_root: str | os.PathLike = "/proc",
+           smi: SmiRunner = run_nvidia_smi) -> Report:
+    """Probe this machine. ``sys_root``, ``proc_root`` and ``smi`` are injectable for tests."""
+    facts = _torch_facts()  # imports torch (and so libnccl, if it has one) before /proc/self/maps is read
+    loaded_path = find_loaded_nccl(Path(proc_root) / "self" / "maps")
+    loaded = nccl_library_version(loaded_path) if loaded_path else None
+    pip = {}
+    for package in NCCL_PIP_PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            pip[package] = importlib.metadata.version(package)
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cores = affinity or os.cpu_count() or 1
+    mem = read_meminfo(Path(proc_root) / "meminfo")
+    topology = smi(["topo", "-m"])
+    return Report(
+        python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
+        torch=facts["torch"], cuda_available=facts["cuda_available"], cuda_version=facts["cuda_version"],
+        cudnn_version=facts["cudnn_version"], nccl_torch=facts["nccl_torch"], nccl_loaded_path=loaded_path,
+        nccl_loaded_version=loaded, nccl_pip=pip, backends=facts["backends"], cpu_count=os.cpu_count(),
+        cpu_affinity=affinity, memory_total_gib=mem.get("MemTotal"),
+        memory_available_gib=mem.get("MemAvailable"),
+        gpus=facts["gpus"], topology=topology, nvlink=smi(["nvlink", "--status"]),
+        infiniband=read_infiniband(Path(sys_root) / "class" / "infiniband"),
+        lab_runs=plan_lab_runs(len(facts["gpus"]), cores, facts["backends"].get("nccl", False)),
+        warnings=facts["warnings"] + nccl_warnings(facts["nccl_torch"], loaded, pip, loaded_path),
+    )
+
+
+def render(r: Report) -> str:
+    """Plain-text report, one section per topic, warnings last."""
+    def gib(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:.1f} GiB"
+
+    yes = {True: "yes", False: "no"}
+    lines = ["distlab doctor", "==============", f"Python {r.python} on {r.platform}",
+             f"torch {r.torch or 'NOT INSTALLED'}; CUDA available: {yes[r.cuda_available]}; "
+             f"torch built for CUDA {r.cuda_version or '- (CPU-only build)'}; cuDNN {r.cudnn_version or '-'}",
+             "", "Communication backends (torch.distributed): "
+             + ", ".join(f"{k} {yes[v]}" for k, v in r.backends.items()),
+             f"NCCL torch was built against: {r.nccl_torch or '-'}",
+             f"NCCL library torch loaded:    {r.nccl_loaded_version or '-'}"
+             + (f" ({r.nccl_loaded_path})" if r.nccl_loaded_path else ""),
+             "NCCL pip package:             "
+             + (", ".join(f"{k} {v}" for k, v in r.nccl_pip.items()) or "- (not installed)"),
+             "", f"CPU cores: {r.cpu_count} ({r.cpu_affinity if r.cpu_affinity is not None else '?'} usable "
+             f"by this process)",
+             f"Memory: {gib(r.memory_total_gib)} total, {gib(r.memory_available_gib)} available", ""]
+    if r.gpus:
+        lines.append(f"GPUs ({len(r.gpus)}):")
+        lines += [f"  cuda:{g.index}  {g.name}  {g.memory_gib:.1f} GiB  compute capability "
+                  f"{g.compute_capability}  {g.multiprocessors} SMs" for g in r.gpus]
+    else:
+        lines.append(NO_GPU)
+    lines += ["", "GPU interconnect (nvidia-smi topo -m):"] + (
+        ["  " + row for row in r.topology.splitlines()] if r.topology else ["  not available"])
+    if r.nvlink:
+        lines += ["NVLink (nvidia-smi nvlink --status):"] + ["  " + row for row in summarize_nvlink(r.nvlink)]
+    lines += ["", "InfiniBand / RDMA devices (/sys/class/infiniband):"]
+    lines += [f"  {d.name} port {p.port}: {p.state}, {p.rate}, {p.link_layer}"
+              + (" (RoCE: RDMA over Ethernet)" if p.link_layer == "Ethernet" else "")
+              for d in r.infiniband for p in d.ports] or ["  none (multi-node traffic would use TCP sockets)"]
+    lines += ["", "What the labs will use here (launch.run with backend=\"auto\"):"]
+    lines += [f"  world_size {run.world_size}: {run.backend}, {run.note}" for run in r.lab_runs]
+    if r.warnings:
+        lines += ["", "WARNINGS:"] + [f"  ! {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+def print_report(**kwargs: object) -> Report:
+    """Probe (``kwargs`` go to :func:`report`), print the text view, and return the report."""
+    result = report(**kwargs)  # type: ignore[arg-type]
+    print(result)
+    return result

@@ -1,0 +1,276 @@
+"""The launcher: results, rank output, and every failure mode (raise, stall, deadlock, crash, interrupt,
+a killed parent, bad arguments), with no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab import launch
+
+
+def alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    """A program whose functions live in __main__, as a notebook's do."""
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+# --- results, helpers inside a rank, output ---------------------------------------------------------
+
+def _facts(scale: int, offset: int = 0) -> dict:
+    t = torch.tensor([float(launch.rank() + 1)])
+    dist.all_reduce(t)
+    print(f"rank {launch.rank()} of {launch.world_size()} says hello")
+    return {"rank": launch.rank(), "world": launch.world_size(), "local": launch.local_rank(),
+            "device": str(launch.device()), "backend": launch.backend(), "sum": t.item() * scale + offset,
+            "env": (os.environ["RANK"], os.environ["WORLD_SIZE"]), "pid": os.getpid()}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_results_in_rank_order_and_output_grouped(world_size, capsys):
+    results = launch.run(_facts, world_size, 10, offset=1, backend="gloo")
+    total = world_size * (world_size + 1) / 2
+    assert [r["rank"] for r in results] == list(range(world_size))
+    for r in results:
+        assert r["world"] == world_size and r["local"] == r["rank"]
+        assert r["device"] == "cpu" and r["backend"] == "gloo"
+        assert r["sum"] == total * 10 + 1
+        assert r["env"] == (str(r["rank"]), str(world_size))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"[rank {r}] rank {r} of {world_size} says hello" for r in range(world_size)]
+    assert wait_gone([r["pid"] for r in results]) == []
+
+
+def _reverse_order_print(lines: int) -> int:
+    time.sleep(0.3 * (launch.world_size() - launch.rank()))  # rank 0 prints last in wall-clock time
+    for i in range(lines):
+        print(f"line {i}", flush=True)
+    print("progress 10%\rprogress 100%")
+    return launch.rank()
+
+
+def test_output_is_grouped_by_rank_even_when_ranks_print_out_of_order(capsys):
+    assert launch.run(_reverse_order_print, 3, 2) == [0, 1, 2]
+    out = capsys.readouterr().out.splitlines()
+    expected = []
+    for r in range(3):
+        expected += [f"[rank {r}] line 0", f"[rank {r}] line 1", f"[rank {r}] progress 100%"]
+    assert out == expected
+
+
+def test_auto_backend_is_gloo_without_gpus():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA GPUs")
+    assert launch.resolve_backend("auto", 2) == "gloo"
+    assert launch.run(launch.backend, 1) == ["gloo"]
+
+
+def test_concurrent_launches_do_not_collide():
+    results: dict[int, list] = {}
+
+    def go(k: int) -> None:
+        results[k] = launch.run(_facts, 2, k)
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r["sum"] for r in results[1]] == [3.0, 3.0]
+    assert [r["sum"] for r in results[2]] == [6.0, 6.0]
+
+
+def test_helpers_outside_a_rank_say_where_to_call_them():
+    with pytest.raises(RuntimeError, match=r"launch.rank\(\) needs a process group.*distlab.launch.run"):
+        launch.rank()
+
+
+# --- failures ---------------------------------------------------------------------------------------
+
+def _raise_on(bad_rank: int) -> None:
+    if launch.rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} found a bad value")
+    dist.all_reduce(torch.ones(2))  # the others wait for the failed rank and then lose their peer
+
+
+def test_raising_rank_is_reported_with_its_own_traceback_quickly(capsys):
+    start = time.monotonic()
+    with pytest.raises(launch.RankError) as info:
+        launch.run(_raise_on, 3, 1, timeout=60)
+    assert time.monotonic() - start < 20  # far below the 60 s collective timeout
+    err = info.value
+    assert err.rank == 1
+    assert str(err).startswith("rank 1 failed with ValueError: rank 1 found a bad value")
+    assert "in _raise_on" in err.traceback and 'raise ValueError(f"rank {bad_rank}' in err.traceback
+    assert "_worker_main" not in err.traceback  # the launcher's own frame is hidden
+
+
+def _stall(seconds: float) -> None:
+    if launch.rank() == 1:
+        time.sleep(seconds)  # never reaches the collective in time
+    dist.all_reduce(torch.ones(2))
+
+
+def test_stalled_rank_times_out_and_shows_where_the_others_were():
+    start = time.monotonic()
+    with pytest.raises(launch.RankError) as info:
+        launch.run(_stall, 2, 120, timeout=2)
+    assert time.monotonic() - start < 30
+    msg = str(info.value)
+    assert info.value.rank == 0
+    assert msg.startswith("rank 0 timed out: it waited more than 2 s for a message from another rank")
+    assert "Ranks still running then: [1]" in msg
+    assert "--- where rank 1 was ---" in msg and "in _stall" in msg
+
+
+def _deadlock() -> None:
+    dist.recv(torch.zeros(1), src=1 - launch.rank())  # both ranks receive, nobody sends
+
+
+def test_deadlock_is_named():
+    with pytest.raises(launch.RankError, match="Every rank timed out waiting: a deadlock"):
+        launch.run(_deadlock, 2, timeout=2)
+
+
+def _crash() -> None:
+    if launch.rank() == 1:
+        print("about to crash")
+        os._exit(3)
+    time.sleep(60)
+
+
+def test_crashing_rank_without_exception(capsys):
+    start = time.monotonic()
+    with pytest.raises(launch.RankError, match="rank 1 exited with code 3 without raising"):
+        launch.run(_crash, 2)
+    assert time.monotonic() - start < 15
+    assert "[rank 1] about to crash" in capsys.readouterr().out
+
+
+def _unpicklable_result():
+    return threading.Lock()
+
+
+def test_unpicklable_result_and_argument():
+    with pytest.raises(launch.RankError, match="returned a lock, which cannot be pickled"):
+        launch.run(_unpicklable_result, 1)
+    with pytest.raises(TypeError, match="could not send the function and its arguments"):
+        launch.run(_facts, 1, threading.Lock())
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "2", True])
+def test_bad_world_size(bad):
+    with pytest.raises(ValueError, match=rf"world_size={bad!r} must be a positive integer"):
+        launch.run(_facts, bad)
+
+
+def test_bad_backend_and_timeout():
+    with pytest.raises(ValueError, match="backend='mpi' is not known; use 'auto', 'gloo'"):
+        launch.run(_facts, 2, backend="mpi")
+    with pytest.raises(ValueError, match="timeout=0 must be a positive number of seconds"):
+        launch.run(_facts, 2, timeout=0)
+
+
+def test_nccl_without_gpus_is_a_clear_error():
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs for NCCL")
+    with pytest.raises(ValueError, match=r"backend='nccl' needs one CUDA GPU per rank: world_size=2 but"):
+        launch.run(_facts, 2, backend="nccl")
+
+
+# --- the kernel is interrupted or killed ------------------------------------------------------------
+
+SLEEPERS = """
+    import os, sys, time
+    from pathlib import Path
+    from distlab import launch
+
+    def sleeper(folder):
+        Path(folder, f"{os.getpid()}.pid").touch()
+        time.sleep(120)
+
+    launch.run(sleeper, 3, sys.argv[1])
+"""
+
+
+def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    prog = script(tmp_path, SLEEPERS)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, str(prog), str(pids_dir)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(pids_dir.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.stem) for p in pids_dir.iterdir()]
+    assert len(pids) == 3, "the ranks did not start"
+    return proc, pids
+
+
+def test_keyboard_interrupt_terminates_every_rank(tmp_path):
+    proc, pids = _start_sleepers(tmp_path)
+    proc.send_signal(signal.SIGINT)  # what Jupyter's "interrupt kernel" sends
+    _, stderr = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in stderr
+    assert wait_gone(pids) == []
+
+
+def test_killed_launcher_leaves_no_rank_behind(tmp_path):
+    proc, pids = _start_sleepers(tmp_path)
+    proc.kill()  # a kernel restart: no chance to clean up
+    proc.wait()
+    assert wait_gone(pids, seconds=10) == []
+
+
+# --- torchrun ---------------------------------------------------------------------------------------
+
+def test_same_worker_code_runs_under_torchrun(tmp_path):
+    prog = script(tmp_path, """
+        import torch, torch.distributed as dist
+        from distlab import launch
+
+        def work():
+            t = torch.tensor([launch.rank() + 1.0])
+            dist.all_reduce(t)
+            print(f"torchrun rank {launch.rank()}/{launch.world_size()} {launch.backend()} sum={t.item():g}")
+
+        launch.under_torchrun(work)
+    """)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(prog)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torchrun rank 0/2 gloo sum=3" in out.stdout and "torchrun rank 1/2 gloo sum=3" in out.stdout
+
+
+def test_under_torchrun_outside_torchrun_explains(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="start the program with `torchrun --nproc-per-node N"):
+        launch.under_torchrun(print)
