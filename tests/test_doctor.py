@@ -95,9 +95,6 @@ def test_cli_figures_is_wired_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("distlab.figures")
     fake.main = lambda argv: calls.append(list(argv))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "distlab.figures", fake)
-    import distlab
-
-    monkeypatch.setattr(distlab, "figures", fake, raising=False)
     assert cli.main(["figures", "book/figures"]) == 0
     assert calls == [["book/figures"]]
 

@@ -7,6 +7,7 @@ does not pay for matplotlib and ``distlab figures`` does not probe the GPU.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -23,7 +24,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _figures(args: argparse.Namespace) -> int:
     """Write every static figure of the book into ``args.outdir``."""
     try:
-        from distlab import figures
+        figures = importlib.import_module("distlab.figures")
     except ModuleNotFoundError as exc:
         if exc.name != "distlab.figures":
             raise

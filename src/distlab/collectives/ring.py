@@ -126,7 +126,8 @@ def exchange(send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: in
 
 
 def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """Split range(numel) into `parts` contiguous (start, stop) chunks; the first numel % parts are 1 longer."""
+    """Split range(numel) into `parts` contiguous (start, stop) chunks; the first numel % parts are one
+    element longer than the rest (the layout of the ring's chunks and of reduce-scatter's output)."""
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
         raise ValueError(f"parts={parts!r} must be a positive integer (the number of chunks)")
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
