@@ -20,14 +20,17 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from distlab.collectives.ring import (
-    exchange,
+    exchange_reduce,
     flatten,
     participants,
     position_of,
+    receive_pool,
+    recv_all,
     reducer,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
+    send_all,
     write_back,
 )
 
@@ -58,13 +61,13 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, ranks: Sequence[int] | No
     mask = 1
     while mask < p:  # receive once, from the rank that differs in my lowest set bit
         if vr & mask:
-            dist.recv(flat, group[(vr - mask + root) % p])
+            recv_all(flat, group[(vr - mask + root) % p])
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:  # then send to every child below that bit, largest subtree first
         if vr + mask < p:
-            dist.send(flat, group[(vr + mask + root) % p])
+            send_all(flat, group[(vr + mask + root) % p])
         mask >>= 1
     return write_back(tensor, flat)
 
@@ -86,17 +89,18 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM,
     if p == 1 or flat.numel() == 0:
         return tensor
     vr = (pos - root) % p
-    acc, buf = flat, None
+    acc, pool = flat, None
     mask = 1
     while mask < p:
         if vr & mask:
-            dist.send(acc, group[(vr - mask + root) % p])
+            send_all(acc, group[(vr - mask + root) % p])
             break
         if vr + mask < p:
-            buf = torch.empty_like(flat) if buf is None else buf
-            dist.recv(buf, group[(vr + mask + root) % p])
+            pool = receive_pool(flat, flat.numel()) if pool is None else pool
             # the root reduces in place; other ranks first reduce out of place, keeping `tensor` intact
-            acc = reduce(acc, buf, acc if (vr == 0 or acc is not flat) else torch.empty_like(flat))
+            target = acc if (vr == 0 or acc is not flat) else torch.empty_like(flat)
+            exchange_reduce(flat[:0], -1, group[(vr + mask + root) % p], acc, target, reduce, pool)
+            acc = target
         mask <<= 1
     return write_back(tensor, flat) if vr == 0 else tensor
 
@@ -120,24 +124,23 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.
         return tensor
     pof2 = 1 << (p.bit_length() - 1)
     extra = p - pof2
-    buf = torch.empty_like(flat)
+    pool = receive_pool(flat, flat.numel())
     if pos < 2 * extra and pos % 2 == 0:  # fold into the right neighbour, then wait for the answer
-        dist.send(flat, group[pos + 1])
-        dist.recv(flat, group[pos + 1])
+        send_all(flat, group[pos + 1])
+        recv_all(flat, group[pos + 1])
         return write_back(tensor, flat)
     if pos < 2 * extra:
-        dist.recv(buf, group[pos - 1])
-        reduce(flat, buf, flat)
+        exchange_reduce(flat[:0], -1, group[pos - 1], flat, flat, reduce, pool)
     new = pos // 2 if pos < 2 * extra else pos - extra  # position among the p' ranks that stay
     mask = 1
     while mask < pof2:
         partner = new ^ mask
-        partner = 2 * partner + 1 if partner < extra else partner + extra
-        exchange(flat, group[partner], buf, group[partner])
-        reduce(flat, buf, flat)  # a op b == b op a bit for bit, so all ranks end with identical results
+        partner = group[2 * partner + 1 if partner < extra else partner + extra]
+        # a op b == b op a bit for bit, so both partners (and in the end all ranks) hold identical results
+        exchange_reduce(flat, partner, partner, flat, flat, reduce, pool, overlap=True)
         mask <<= 1
     if pos < 2 * extra:
-        dist.send(flat, group[pos - 1])
+        send_all(flat, group[pos - 1])
     return write_back(tensor, flat)
 
 
@@ -260,8 +263,7 @@ def scatter(chunks: Sequence[torch.Tensor] | None, src: int = 0,
         dtype, ndim = _DTYPES[int(header[0])], int(header[1])
         shape = tuple(int(s) for s in header[2:2 + ndim])
         block = torch.empty(_subtree(vr, p) * _numel(shape), dtype=dtype, device=header.device)
-        if block.numel():
-            dist.recv(block, parent)
+        recv_all(block, parent)
     m = _numel(shape)
     header = torch.tensor([_DTYPES.index(dtype), len(shape), *shape] + [0] * (_MAX_DIMS - len(shape)),
                           device=block.device)
@@ -271,8 +273,7 @@ def scatter(chunks: Sequence[torch.Tensor] | None, src: int = 0,
             child = group[(vr + mask + root) % p]
             dist.send(header, child)
             part = block[mask * m:(mask + _subtree(vr + mask, p)) * m]
-            if part.numel():
-                dist.send(part, child)
+            send_all(part, child)
         mask >>= 1
     mine = block[:m]
     return (mine.clone() if block.numel() > m else mine).view(shape)
@@ -298,13 +299,11 @@ def gather(tensor: torch.Tensor, dst: int = 0,
     mask = 1
     while mask < p:
         if vr & mask:
-            if block.numel():
-                dist.send(block, group[(vr - mask + root) % p])
+            send_all(block, group[(vr - mask + root) % p])
             return None
         if vr + mask < p:
             part = block[mask * m:(mask + _subtree(vr + mask, p)) * m]
-            if part.numel():
-                dist.recv(part, group[(vr + mask + root) % p])
+            recv_all(part, group[(vr + mask + root) % p])
         mask <<= 1
     pieces = [block[v * m:(v + 1) * m].view(tensor.shape) for v in range(p)]
     return [pieces[(j - root) % p] for j in range(p)]

@@ -75,8 +75,8 @@ class Row:
     count: int  # elements of the whole vector
     dtype: str
     time_us: float  # median over repeats of the slowest rank's mean time per call
-    algbw_GBps: float  # noqa: N815 (units in the name, as nccl-tests prints them)
-    busbw_GBps: float  # noqa: N815
+    algbw_GBps: float  # units in the name, as nccl-tests prints them
+    busbw_GBps: float
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,37 +148,54 @@ def implementations_of(collective: str) -> list[str]:
 
 def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks_per_node: int
                ) -> Callable[[], object]:
-    """A zero-argument function that runs one `collective` of `count` elements with `impl`."""
+    """A zero-argument function that runs one `collective` of `count` elements in all with `impl`.
+
+    Buffers are allocated once, here. `count` is the whole vector (see `busbw_factor`); a rank's part
+    of it is count / p elements.
+    """
     from distlab.collectives.algorithms import ALGORITHMS
 
-    p, me, dev = launch.world_size(), launch.rank(), launch.device()
-    full = torch.zeros(count, dtype=dtype, device=dev)
-    part = torch.zeros(count // p, dtype=dtype, device=dev)
-    parts = [torch.zeros(count // p, dtype=dtype, device=dev) for _ in range(p)]
+    p, root, dev = launch.world_size(), launch.rank() == 0, launch.device()
+
+    def zeros(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device=dev)
+
+    whole = zeros(count) if collective in ("all_reduce", "reduce_scatter", "broadcast", "reduce") else None
+    part = zeros(count // p) if collective in _SPLIT and collective != "all_to_all" else None
+    parts = [zeros(count // p) for _ in range(p)] if collective == "all_to_all" or (
+        root and collective in ("scatter", "gather")) else None
     if impl != BUILTIN:
-        fn = ALGORITHMS[impl].fn
+        algo = ALGORITHMS[impl]
+        extra = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
+        fn = algo.fn
         return {
-            "all_reduce": lambda: fn(full, ranks_per_node) if impl == "hierarchical_all_reduce" else fn(full),
-            "reduce_scatter": lambda: fn(full),
+            "all_reduce": lambda: fn(whole, **extra),
+            "reduce_scatter": lambda: fn(whole),
             "all_gather": lambda: fn(part),
-            "broadcast": lambda: fn(full, src=0),
-            "reduce": lambda: fn(full, dst=0),
+            "broadcast": lambda: fn(whole, src=0),
+            "reduce": lambda: fn(whole, dst=0),
             "all_to_all": lambda: fn(parts),
-            "scatter": lambda: fn(parts if me == 0 else None, src=0),
+            "scatter": lambda: fn(parts, src=0),
             "gather": lambda: fn(part, dst=0),
         }[collective]
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    outs = [torch.empty_like(t) for t in parts]
+    out: Any = None  # the built-ins' output buffers
+    if collective == "all_gather":
+        out = zeros(count)
+    elif collective == "reduce_scatter":
+        out = zeros(count // p)
+    elif collective == "all_to_all":
+        out = [torch.empty_like(t) for t in parts]
     return {
-        "all_reduce": lambda: dist.all_reduce(full),
-        "reduce_scatter": lambda: reduce_scatter(part, full),
-        "all_gather": lambda: all_gather(full, part),
-        "broadcast": lambda: dist.broadcast(full, 0),
-        "reduce": lambda: dist.reduce(full, 0),
-        "all_to_all": lambda: dist.all_to_all(outs, parts),
-        "scatter": lambda: dist.scatter(part, parts if me == 0 else None, src=0),
-        "gather": lambda: dist.gather(part, parts if me == 0 else None, dst=0),
+        "all_reduce": lambda: dist.all_reduce(whole),
+        "reduce_scatter": lambda: reduce_scatter(out, whole),
+        "all_gather": lambda: all_gather(out, part),
+        "broadcast": lambda: dist.broadcast(whole, 0),
+        "reduce": lambda: dist.reduce(whole, 0),
+        "all_to_all": lambda: dist.all_to_all(out, parts),
+        "scatter": lambda: dist.scatter(part, parts, src=0),
+        "gather": lambda: dist.gather(part, parts, dst=0),
     }[collective]
 
 
@@ -212,7 +229,8 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
         least 2); warmup: untimed calls per implementation and size (default: min(5, iters));
     repeats: timed blocks per implementation; the row has their median.
     over_ranks: "max" (the slowest rank's time) or "mean" (nccl-tests' default) per block.
-    ranks_per_node: for hierarchical_all_reduce (default: half the ranks if p is even and >= 4, else p).
+    ranks_per_node: for hierarchical_all_reduce (default: torchrun's LOCAL_WORLD_SIZE on several nodes;
+        on one machine half the ranks if p is even and >= 4, else p).
     progress_path: rank 0 appends a line to this file after each size (the parent's progress bar).
     echo: rank 0 prints each row as it is measured (used under torchrun).
     """
@@ -224,7 +242,8 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
         raise ValueError(f"repeats={repeats!r} must be >= 1 (a row is the median over repeats), e.g. 5")
     torch_dtype = _DTYPES[dtype]
     itemsize = torch.tensor([], dtype=torch_dtype).element_size()
-    q = ranks_per_node or (p // 2 if p % 2 == 0 and p >= 4 else p)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", p))
+    q = ranks_per_node or (local if local < p else p // 2 if p % 2 == 0 and p >= 4 else p)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     plan = {c: _pick(c, implementations) for c in collectives}
     rows: list[Row] = []
@@ -391,8 +410,8 @@ class Ratio:
     implementation: str
     world_size: int
     size: int
-    busbw_GBps: float  # noqa: N815
-    builtin_busbw_GBps: float  # noqa: N815
+    busbw_GBps: float
+    builtin_busbw_GBps: float
     ratio: float  # = builtin time / our time (equal to the busbw ratio, and defined for 1 rank too)
 
 

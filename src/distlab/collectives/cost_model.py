@@ -20,16 +20,22 @@ Every function is vectorised over `n` (a number or a numpy array) and returns se
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from numpy.typing import ArrayLike, NDArray
+
+from distlab import launch
+from distlab.collectives.ring import SEGMENT_BYTES
 
 
 @dataclass(frozen=True)
 class MachineParams:
-    """Machine parameters of the alpha-beta-gamma model (Hockney 1994; Chan et al. 2007, sec. 2).
+    """Machine parameters of the alpha-beta-gamma model (Hockney 1994; Chan et al. 2007).
 
     alpha: seconds per message (latency); beta: seconds per byte sent (1/bandwidth);
     gamma: seconds per byte reduced (1/reduction throughput).
@@ -47,12 +53,12 @@ class MachineParams:
                                  f"{' per message' if name == 'alpha' else ' per byte'}), e.g. 1e-5")
 
     @property
-    def bandwidth_GBps(self) -> float:  # noqa: N802 (units in the name, as nccl-tests writes them)
+    def bandwidth_GBps(self) -> float:
         """1/beta in GB/s (1 GB = 1e9 bytes, as nccl-tests counts)."""
         return math.inf if self.beta == 0 else 1e-9 / self.beta
 
     @property
-    def reduce_GBps(self) -> float:  # noqa: N802
+    def reduce_GBps(self) -> float:
         """1/gamma in GB/s."""
         return math.inf if self.gamma == 0 else 1e-9 / self.gamma
 
@@ -78,119 +84,145 @@ def _bytes(n: ArrayLike) -> NDArray[np.float64]:
     return arr
 
 
-def _out(t: NDArray[np.float64]) -> NDArray[np.float64] | float:
+def _out(t: ArrayLike) -> NDArray[np.float64] | float:
+    t = np.asarray(t, dtype=np.float64)
     return float(t) if t.ndim == 0 else t
 
 
 def ceil_log2(p: int) -> int:
-    """Number of rounds of a binomial tree or of recursive doubling on p ranks: ceil(log2 p)."""
+    """Rounds of a binomial tree on p ranks: ceil(log2 p)."""
     return (_check_p(p) - 1).bit_length()
 
 
 # --------------------------------------------------------------------------------------------------
-# Predicted time of each algorithm (seconds)
+# Predicted time of each algorithm (seconds), as implemented in distlab.collectives
 # --------------------------------------------------------------------------------------------------
 
-def ring_reduce_scatter_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Ring reduce-scatter: (p-1) steps, each sending and reducing one chunk of n/p bytes.
+def ring_reduce_scatter_time(n: ArrayLike, p: int, m: MachineParams,
+                             segment_bytes: int | None = SEGMENT_BYTES) -> NDArray[np.float64] | float:
+    """Ring reduce-scatter: p-1 steps, each sending one chunk of n/p bytes and reducing the one received.
 
-    T = (p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma (Thakur et al. 2005, sec. 4.5; Patarasuk &
-    Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 69(2)).
+    Textbook (segment_bytes=None): (p-1) alpha + (p-1)/p n (beta + gamma) (Thakur et al. 2005;
+    Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+    JPDC 69(2)). As implemented (ring.py), a chunk c = n/p travels as k = ceil(c/S) messages of at most
+    S = segment_bytes, and each segment is reduced while the next is still arriving, so a step costs
+    k alpha + c max(beta, gamma) + s min(beta, gamma), where s = min(c, S) is the last, unhidden segment.
     """
     p, n = _check_p(p), _bytes(n)
-    return _out((p - 1) * m.alpha + (p - 1) / p * n * (m.beta + m.gamma))
+    chunk = n / p
+    if segment_bytes is None:
+        return _out((p - 1) * (m.alpha + chunk * (m.beta + m.gamma)))
+    messages = np.maximum(1, np.ceil(chunk / segment_bytes))
+    last = np.minimum(chunk, segment_bytes)
+    step = messages * m.alpha + chunk * max(m.beta, m.gamma) + last * min(m.beta, m.gamma)
+    return _out((p - 1) * step)
 
 
 def ring_all_gather_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Ring all-gather of an n-byte result: (p-1) alpha + (p-1)/p n beta (Thakur et al. 2005, sec. 4.1)."""
+    """Ring all-gather of an n-byte result: (p-1) alpha + (p-1)/p n beta (Thakur et al. 2005).
+
+    One message per step, as implemented (ring.py) and as in the paper.
+    """
     p, n = _check_p(p), _bytes(n)
-    return _out((p - 1) * m.alpha + (p - 1) / p * n * m.beta)
+    return _out((p - 1) * (m.alpha + n / p * m.beta))
 
 
-def ring_all_reduce_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
+def ring_all_reduce_time(n: ArrayLike, p: int, m: MachineParams,
+                         segment_bytes: int | None = SEGMENT_BYTES) -> NDArray[np.float64] | float:
     """Ring all-reduce = ring reduce-scatter + ring all-gather (Patarasuk & Yuan 2009).
 
-    T = 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma: bandwidth optimal, latency linear in p.
+    Textbook: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma -- bandwidth optimal, latency linear in
+    p. As implemented, the reduce-scatter half is segmented and pipelined (see ring_reduce_scatter_time).
     """
-    return _out(np.asarray(ring_reduce_scatter_time(n, p, m)) + np.asarray(ring_all_gather_time(n, p, m)))
+    return _out(np.add(ring_reduce_scatter_time(n, p, m, segment_bytes), ring_all_gather_time(n, p, m)))
 
 
 def recursive_doubling_all_reduce_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Recursive-doubling all-reduce: log2 p' rounds exchanging the whole vector (p' = 2^floor(log2 p)).
+    """Recursive doubling: log2 p' exchanges of the whole vector, p' = 2^floor(log2 p) (Thakur et al.
+    2005): log2(p') (alpha + n beta + n gamma).
 
-    T = log2(p') (alpha + n beta + n gamma) for p = p'. When p is not a power of two, the p - p'
-    extra ranks first send their vector to a partner, which reduces it (alpha + n beta + n gamma), and
-    get the result back at the end (alpha + n beta) (Thakur et al. 2005, sec. 4.4).
+    When p is not a power of two, p - p' ranks first fold their vector into a partner, which reduces it
+    (alpha + n beta + n gamma), and get the result back at the end (alpha + n beta). As implemented.
     """
     p, n = _check_p(p), _bytes(n)
-    rounds = p.bit_length() - 1  # floor(log2 p)
-    t = rounds * (m.alpha + n * (m.beta + m.gamma))
-    if p & (p - 1):  # not a power of two: fold in, fold out
+    t = (p.bit_length() - 1) * (m.alpha + n * (m.beta + m.gamma))
+    if p & (p - 1):
         t = t + (m.alpha + n * (m.beta + m.gamma)) + (m.alpha + n * m.beta)
     return _out(t)
 
 
 def tree_broadcast_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Binomial-tree broadcast: ceil(log2 p) (alpha + n beta) (Thakur et al. 2005, sec. 4.2)."""
+    """Binomial-tree broadcast: ceil(log2 p) (alpha + n beta) (Thakur et al. 2005)."""
     p, n = _check_p(p), _bytes(n)
     return _out(ceil_log2(p) * (m.alpha + n * m.beta))
 
 
 def tree_reduce_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Binomial-tree reduce: ceil(log2 p) (alpha + n beta + n gamma) (Thakur et al. 2005, sec. 4.6)."""
+    """Binomial-tree reduce: ceil(log2 p) (alpha + n beta + n gamma) (Thakur et al. 2005)."""
     p, n = _check_p(p), _bytes(n)
     return _out(ceil_log2(p) * (m.alpha + n * (m.beta + m.gamma)))
 
 
-def tree_scatter_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Binomial-tree scatter of the root's n bytes: ceil(log2 p) alpha + (p-1)/p n beta.
+def tree_gather_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
+    """Binomial-tree gather of n bytes in all to the root: ceil(log2 p) alpha + (p-1)/p n beta.
 
-    Each round halves what is forwarded (Thakur et al. 2005, sec. 4.3; Chan et al. 2007, sec. 4).
+    Every round halves the number of senders and doubles the blocks (Thakur et al. 2005; Chan
+    et al. 2007); all (p-1)/p n bytes enter the root one after the other.
     """
     p, n = _check_p(p), _bytes(n)
     return _out(ceil_log2(p) * m.alpha + (p - 1) / p * n * m.beta)
 
 
-def tree_gather_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Binomial-tree gather to the root's n bytes: the scatter run backwards, same cost."""
-    return tree_scatter_time(n, p, m)
+def tree_scatter_time(n: ArrayLike, p: int, m: MachineParams, headers: bool = True
+                      ) -> NDArray[np.float64] | float:
+    """Binomial-tree scatter of the root's n bytes: the gather run backwards, plus one shape header.
+
+    Textbook (headers=False): ceil(log2 p) alpha + (p-1)/p n beta. As implemented (algorithms.py),
+    each block is preceded by a small header carrying its shape and dtype: one more alpha per round.
+    """
+    p = _check_p(p)
+    return _out(np.add(tree_gather_time(n, p, m), ceil_log2(p) * m.alpha if headers else 0.0))
 
 
-def pairwise_all_to_all_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Pairwise-exchange all-to-all, n = one rank's whole send buffer: (p-1) alpha + (p-1)/p n beta.
+def pairwise_all_to_all_time(n: ArrayLike, p: int, m: MachineParams, headers: bool = True
+                             ) -> NDArray[np.float64] | float:
+    """Pairwise-exchange all-to-all, n = one rank's whole send buffer (Thakur et al. 2005).
 
-    In step k each rank sends its block for rank (r+k) mod p (Thakur et al. 2005, sec. 4.7).
+    Textbook (headers=False): (p-1) alpha + (p-1)/p n beta; step k sends to rank + k. As implemented
+    without output_split_sizes, each step also sends a one-number size header: (p-1) more alpha.
     """
     p, n = _check_p(p), _bytes(n)
-    return _out((p - 1) * m.alpha + (p - 1) / p * n * m.beta)
+    return _out((p - 1) * (m.alpha * (2 if headers else 1) + n / p * m.beta))
 
 
 def hierarchical_all_reduce_time(n: ArrayLike, p: int, m: MachineParams, ranks_per_node: int,
-                                 inter: MachineParams | None = None) -> NDArray[np.float64] | float:
-    """Two-level all-reduce on p = nodes x ranks_per_node ranks, the sum of its three phases.
+                                 inter: MachineParams | None = None,
+                                 segment_bytes: int | None = SEGMENT_BYTES) -> NDArray[np.float64] | float:
+    """Two-level all-reduce, the sum of its three phases as implemented (algorithms.py):
 
-    1. ring reduce-scatter inside each node (q = ranks_per_node ranks, intra-node parameters `m`);
-    2. ring all-reduce of each n/q-byte shard across the nodes (p/q ranks, inter-node `inter`);
-    3. ring all-gather inside each node (intra-node parameters).
+    1. binomial-tree reduce to each node's leader (q = ranks_per_node ranks, intra-node parameters m);
+    2. ring all-reduce of the whole n bytes among the ceil(p/q) leaders (inter-node parameters `inter`,
+       default m);
+    3. binomial-tree broadcast from the leader inside each node.
+    A last node with fewer ranks is never slower than a full one, so it does not change the total.
     """
     p, q = _check_p(p), _check_p(ranks_per_node, "ranks_per_node")
-    if p % q:
-        raise ValueError(f"ranks_per_node={q} does not divide p={p}; choose a divisor of {p}")
     inter = m if inter is None else inter
-    n = _bytes(n)
-    intra_phases = np.asarray(ring_reduce_scatter_time(n, q, m)) + np.asarray(ring_all_gather_time(n, q, m))
-    return _out(intra_phases + np.asarray(ring_all_reduce_time(n / q, p // q, inter)))
+    q = min(q, p)
+    intra = np.add(tree_reduce_time(n, q, m), tree_broadcast_time(n, q, m))
+    return _out(intra + ring_all_reduce_time(n, -(-p // q), inter, segment_bytes))
 
 
 def all_reduce_lower_bound(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
-    """Lower bound on any all-reduce: ceil(log2 p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
+    """Lower bound on any all-reduce: ceil(log2 p) alpha + max(2(p-1)/p n beta, (p-1)/p n gamma).
 
-    Each term is a separate lower bound (Chan et al. 2007, table 1): information must reach every rank
-    (log2 p rounds); each rank must send and receive 2(p-1)/p n bytes (Patarasuk & Yuan 2009, sec. 3);
-    the (p-1) n bytes of additions are shared by p ranks. No algorithm attains all three at once.
+    Information must reach every rank (log2 p rounds of messages); each rank must send and receive
+    2(p-1)/p n bytes (Patarasuk & Yuan 2009); (p-1) n bytes of additions are shared by p ranks
+    (Chan et al. 2007). Adding the last two terms would assume that reducing never overlaps sending;
+    the ring here reduces one segment while the next arrives, so only the larger one is a safe bound.
     """
     p, n = _check_p(p), _bytes(n)
-    return _out(ceil_log2(p) * m.alpha + (p - 1) / p * n * (2 * m.beta + m.gamma))
+    return _out(ceil_log2(p) * m.alpha + (p - 1) / p * n * max(2 * m.beta, m.gamma))
 
 
 def all_reduce_bandwidth_bound(p: int, m: MachineParams) -> float:
@@ -199,43 +231,49 @@ def all_reduce_bandwidth_bound(p: int, m: MachineParams) -> float:
     Equivalently, bus bandwidth (nccl-tests' busbw = algbw * 2(p-1)/p) can never exceed 1/beta.
     """
     p = _check_p(p)
-    if p == 1 or m.beta == 0:
-        return math.inf
-    return p / (2 * (p - 1) * m.beta)
+    return math.inf if p == 1 or m.beta == 0 else p / (2 * (p - 1) * m.beta)
 
 
 COST_MODELS: dict[str, Callable[..., NDArray[np.float64] | float]] = {
     "ring_all_reduce": ring_all_reduce_time,
+    "recursive_doubling_all_reduce": recursive_doubling_all_reduce_time,
+    "hierarchical_all_reduce": hierarchical_all_reduce_time,
     "ring_reduce_scatter": ring_reduce_scatter_time,
     "ring_all_gather": ring_all_gather_time,
-    "recursive_doubling_all_reduce": recursive_doubling_all_reduce_time,
     "tree_broadcast": tree_broadcast_time,
     "tree_reduce": tree_reduce_time,
-    "hierarchical_all_reduce": hierarchical_all_reduce_time,
+    "tree_scatter": tree_scatter_time,
+    "tree_gather": tree_gather_time,
     "pairwise_all_to_all": pairwise_all_to_all_time,
-    "scatter": tree_scatter_time,
-    "gather": tree_gather_time,
 }
+_SEGMENTED = ("ring_all_reduce", "ring_reduce_scatter")
+_HEADERS = ("tree_scatter", "pairwise_all_to_all")
 
 
 def predict(algorithm: str, nbytes: ArrayLike, p: int, params: MachineParams, *,
-            ranks_per_node: int | None = None, inter: MachineParams | None = None
-            ) -> NDArray[np.float64] | float:
+            ranks_per_node: int | None = None, inter: MachineParams | None = None,
+            textbook: bool = False) -> NDArray[np.float64] | float:
     """Predicted seconds for `algorithm` (a name in ALGORITHMS) on `p` ranks, vectorised over `nbytes`.
 
     `ranks_per_node` and `inter` (inter-node parameters; default `params`) are for
-    "hierarchical_all_reduce" only.
+    "hierarchical_all_reduce" only. textbook=True drops what the implementation adds to the papers'
+    formulas (segmenting the ring's messages, size headers), for comparison.
     """
     if algorithm not in COST_MODELS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(sorted(COST_MODELS))}")
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(COST_MODELS)}")
     if algorithm == "hierarchical_all_reduce":
         if ranks_per_node is None:
             raise ValueError("algorithm='hierarchical_all_reduce' needs ranks_per_node=...: pass the "
-                             "number of ranks on one node, a divisor of p")
-        return hierarchical_all_reduce_time(nbytes, p, params, ranks_per_node, inter)
+                             "number of ranks on one node, e.g. ranks_per_node=2")
+        return hierarchical_all_reduce_time(nbytes, p, params, ranks_per_node, inter,
+                                            None if textbook else SEGMENT_BYTES)
     if ranks_per_node is not None or inter is not None:
         raise ValueError(f"ranks_per_node and inter apply only to 'hierarchical_all_reduce', not to "
                          f"{algorithm!r}; drop them")
+    if algorithm in _SEGMENTED:
+        return COST_MODELS[algorithm](nbytes, p, params, None if textbook else SEGMENT_BYTES)
+    if algorithm in _HEADERS:
+        return COST_MODELS[algorithm](nbytes, p, params, not textbook)
     return COST_MODELS[algorithm](nbytes, p, params)
 
 
@@ -303,29 +341,20 @@ def fit_alpha_beta(sizes: ArrayLike, times: ArrayLike) -> tuple[float, float]:
 
 
 def ping_pong(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5) -> list[float]:
-    """Inside a rank: one-way time of an n-byte message between ranks 0 and 1, for each size.
+    """Inside a rank: one-way seconds for an n-byte message between ranks 0 and 1, for each size.
 
-    Rank 0 sends, rank 1 sends it back; one-way time = round trip / 2, averaged over a number of round
-    trips that shrinks with size, median over `repeats`. Other ranks only wait. Returns seconds per size
-    (on every rank; only ranks 0 and 1 measure, the others return the same list received from rank 0).
+    Rank 0 sends, rank 1 sends it back: one-way = round trip / 2, averaged over more round trips for
+    small sizes, median over `repeats` (after one warm-up). Other ranks wait. Every rank returns the list.
     """
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from distlab import launch
-
     me, dev = launch.rank(), launch.device()
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     out = []
     for n in sizes:
         buf = torch.zeros(n, dtype=torch.uint8, device=dev)
-        trips = int(np.clip((1 << 22) // max(n, 1), 2, 50))
+        trips = int(np.clip((1 << 22) // n, 2, 50))
         samples = []
-        for _ in range(repeats + 1):  # the first repeat is a warm-up
+        for _ in range(repeats + 1):
             dist.barrier()
-            sync()
+            _sync(dev)
             t0 = time.perf_counter()
             for _ in range(trips):
                 if me == 0:
@@ -334,7 +363,7 @@ def ping_pong(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5) -> lis
                 elif me == 1:
                     dist.recv(buf, 0)
                     dist.send(buf, 0)
-            sync()
+            _sync(dev)
             samples.append((time.perf_counter() - t0) / (2 * trips))
         out.append(float(np.median(samples[1:])))
     result = torch.tensor(out, dtype=torch.float64, device=dev)
@@ -343,37 +372,28 @@ def ping_pong(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5) -> lis
 
 
 def measure_gamma(nbytes: int = 64 << 20, repeats: int = 5) -> float:
-    """Seconds per byte of `a.add_(b)` on float32 buffers of `nbytes` (this process, its device)."""
-    import time
-
-    import torch
-
-    dev = torch.device("cpu")
-    try:
-        from distlab import launch
-
-        dev = launch.device()
-    except RuntimeError:  # no process group: measure on the CPU
-        pass
+    """Seconds per byte of `a.add_(b)` on float32 buffers of `nbytes`, on this rank's device (or CPU)."""
+    dev = launch.device() if dist.is_initialized() else torch.device("cpu")
     a = torch.zeros(nbytes // 4, device=dev)
     b = torch.ones_like(a)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     samples = []
     for _ in range(repeats + 1):
-        sync()
+        _sync(dev)
         t0 = time.perf_counter()
         a.add_(b)
-        sync()
+        _sync(dev)
         samples.append(time.perf_counter() - t0)
     return float(np.median(samples[1:])) / (a.numel() * 4)
 
 
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def _measure(sizes: tuple[int, ...], repeats: int, gamma_bytes: int) -> tuple[list[float], float]:
     times = ping_pong(sizes, repeats)
-    from distlab import launch
-
-    gamma = measure_gamma(gamma_bytes, repeats) if launch.rank() == 0 else 0.0
-    return times, gamma
+    return times, measure_gamma(gamma_bytes, repeats) if launch.rank() == 0 else 0.0
 
 
 def fit_machine(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5, gamma_bytes: int = 64 << 20,
@@ -384,8 +404,6 @@ def fit_machine(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5, gamm
         raise ValueError(f"sizes={sizes!r} must hold at least two sizes >= 1 byte, e.g. (4, 4096, 4 << 20)")
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be >= 1 (the median is taken over repeats), e.g. 5")
-    from distlab import launch
-
     times, gamma = launch.run(_measure, 2, sizes, repeats, gamma_bytes, backend=backend, timeout=timeout)[0]
     n, t = np.asarray(sizes, dtype=np.float64), np.asarray(times)
     alpha, beta = fit_alpha_beta(n, t)

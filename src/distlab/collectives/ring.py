@@ -18,8 +18,10 @@ turning a `ReduceOp` into a torch function, flattening a tensor, and one deadloc
 from __future__ import annotations
 
 import operator
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,9 +30,13 @@ from torch.distributed import ReduceOp
 # reduce(a, b, out) computes out = a op b elementwise; out may be a or b (in place).
 Reduce = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-# A ring step moves at most this many bytes per message: a chunk is sent as several segments, so that
-# reducing one segment overlaps with receiving the next (the pipelining gloo's own ring uses too).
+# Messages are cut into segments of at most SEGMENT_BYTES, and a reducing step keeps PIPELINE_DEPTH
+# segments in flight: reducing one segment overlaps with receiving the next ones, and the receive
+# buffers stay small. Large fresh buffers are costly: the first touch of each page is a page fault,
+# and on small VMs that costs as much as sending the bytes.
 SEGMENT_BYTES = 1 << 20
+PIPELINE_DEPTH = 4
+MIN_SEGMENT_BYTES = 32 << 10  # a ring chunk smaller than two of these goes as one message per step
 
 REDUCE_SCATTER = "reduce-scatter"
 ALL_GATHER = "all-gather"
@@ -108,21 +114,74 @@ def write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def exchange(send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: int) -> None:
-    """Send `send` and receive `recv` at the same time; empty tensors are skipped on both sides.
+def segments(numel: int, element_size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each message a tensor of `numel` elements is sent as (SEGMENT_BYTES each)."""
+    step = max(1, SEGMENT_BYTES // element_size)
+    return [(lo, min(lo + step, numel)) for lo in range(0, numel, step)]
 
-    Every rank posts its receive and its send *before* waiting on either. With blocking send/recv in
+
+def exchange(send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: int) -> None:
+    """Send `send` to one rank while receiving `recv` from another (or the same); empty tensors skip.
+
+    Every rank posts all its receives and sends *before* waiting on any. With blocking send/recv in
     the same order on every rank, a ring deadlocks as soon as messages exceed the transport's buffers
     (each rank waits in send for a neighbour that is itself waiting in send). batch_isend_irecv is
-    avoided on purpose: on gloo it is only a loop over isend/irecv with extra coalescing checks.
+    avoided on purpose: gloo has no batched p2p of its own, so on gloo it adds coalescing bookkeeping
+    around the same isend/irecv calls and its error paths are less well trodden.
     """
-    works = []
-    if recv.numel():
-        works.append(dist.irecv(recv, recv_from))
-    if send.numel():
-        works.append(dist.isend(send, send_to))
+    works = [dist.irecv(recv[lo:hi], recv_from) for lo, hi in segments(recv.numel(), recv.element_size())]
+    works += [dist.isend(send[lo:hi], send_to) for lo, hi in segments(send.numel(), send.element_size())]
     for work in works:
         work.wait()
+
+
+def send_all(tensor: torch.Tensor, to: int) -> None:
+    """Blocking send of `tensor` in segments (the matching receive is recv_all or exchange)."""
+    exchange(tensor, to, tensor[:0], to)
+
+
+def recv_all(tensor: torch.Tensor, source: int) -> None:
+    """Blocking receive into `tensor` in segments (the matching send is send_all or exchange)."""
+    exchange(tensor[:0], source, tensor, source)
+
+
+def exchange_reduce(send: torch.Tensor, send_to: int, recv_from: int, local: torch.Tensor,
+                    target: torch.Tensor, reduce: Reduce, pool: torch.Tensor, overlap: bool = False) -> None:
+    """Send `send`; set target = local op (what arrives from `recv_from`), segment by segment.
+
+    `pool` holds PIPELINE_DEPTH receive buffers of one segment each: the first receives are posted,
+    then all sends, and each segment is reduced as soon as it lands while later ones are in flight.
+    overlap=True when `target` is `send` itself (recursive doubling): a segment is overwritten only
+    once its send has completed.
+    """
+    parts = segments(local.numel(), local.element_size())
+    buffers = pool.view(PIPELINE_DEPTH, -1)
+    recvs: deque[Any] = deque()
+
+    def post(i: int) -> None:
+        lo, hi = parts[i]
+        recvs.append(dist.irecv(buffers[i % PIPELINE_DEPTH][: hi - lo], recv_from))
+
+    for i in range(min(PIPELINE_DEPTH, len(parts))):
+        post(i)
+    sends = [dist.isend(send[lo:hi], send_to) for lo, hi in segments(send.numel(), send.element_size())]
+    waited = 0  # sends waited for so far (a gloo work must be waited for exactly once)
+    for i, (lo, hi) in enumerate(parts):
+        recvs.popleft().wait()
+        if overlap:
+            sends[i].wait()
+            waited = i + 1
+        reduce(local[lo:hi], buffers[i % PIPELINE_DEPTH][: hi - lo], target[lo:hi])
+        if i + PIPELINE_DEPTH < len(parts):
+            post(i + PIPELINE_DEPTH)
+    for work in sends[waited:]:
+        work.wait()
+
+
+def receive_pool(like: torch.Tensor, numel: int) -> torch.Tensor:
+    """Receive buffers for exchange_reduce of up to `numel` elements: PIPELINE_DEPTH segments."""
+    seg = min(numel, max(1, SEGMENT_BYTES // like.element_size()))
+    return like.new_empty(PIPELINE_DEPTH * max(seg, 1))
 
 
 def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -182,60 +241,74 @@ def ring_all_reduce_schedule(p: int) -> list[list[RingStep]]:
 
 
 # --------------------------------------------------------------------------------------------------
-# The two phases, on a flat buffer whose chunks are given by `bounds`
+# Running ring steps as one pipeline of segments
 # --------------------------------------------------------------------------------------------------
 
-def _reduce_scatter_phase(flat: torch.Tensor, bounds: list[tuple[int, int]], group: list[int], pos: int,
-                          reduce: Reduce, out: torch.Tensor | None) -> torch.Tensor:
-    """Ring reduce-scatter over `flat`; returns the reduced chunk `pos`.
+def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: list[int],
+                   steps: list[RingStep], reduce: Reduce | None = None,
+                   partials: list[torch.Tensor] | None = None) -> None:
+    """Run ring `steps` on `flat` (chunks given by `bounds`) as one stream of segments.
 
-    out=None: accumulate into `flat` in place (its chunk `pos` ends fully reduced; the all-reduce uses
-    this). Otherwise `flat` is left untouched: partial results travel in two rotating buffers and the
-    last reduction writes into `out`.
+    Every chunk is cut into the same number S of segments; item i is segment i % S of step i // S.
+    The segment sent in item i + S is the one received in item i, so it is sent as soon as item i has
+    arrived (and been reduced): segments flow on around the ring without waiting for whole chunks,
+    and receiving, reducing and sending overlap, as in gloo's own ring. Receives are posted
+    PIPELINE_DEPTH items ahead, because gloo moves a message only once its receive is posted.
+    Reduce-scatter steps receive into a small pool and reduce into `flat`, or, with `partials`, into
+    two alternating chunk-sized buffers (step s writes partials[s % 2]), leaving `flat` untouched.
+    All-gather steps receive straight into `flat`.
     """
-    p = len(group)
-    largest = max(hi - lo for lo, hi in bounds)
-    buffers = [flat.new_empty(largest), flat.new_empty(largest if out is not None else 0)]
-    carry = flat[0:0]
-    steps = [s for s in ring_steps(p, pos) if s.phase == REDUCE_SCATTER]
-    for i, step in enumerate(steps):
-        (slo, shi), (rlo, rhi) = bounds[step.send_chunk], bounds[step.recv_chunk]
-        send = flat[slo:shi] if out is None or i == 0 else carry
-        recv = buffers[i % 2 if out is not None else 0][: rhi - rlo]
-        if out is None:
-            target = flat[rlo:rhi]
-        else:
-            target = out if i == len(steps) - 1 else recv
-        _exchange_and_reduce(send, group[step.send_to], recv, group[step.recv_from], flat[rlo:rhi], target,
-                             reduce)
-        carry = target
-    lo, hi = bounds[pos]
-    return flat[lo:hi] if out is None else out
+    largest = bounds[0][1] - bounds[0][0]  # chunk_bounds puts the longest chunk first
+    nbytes = largest * flat.element_size()
+    per_chunk = max(-(-nbytes // SEGMENT_BYTES), 2 if nbytes >= 2 * MIN_SEGMENT_BYTES else 1)
+    cuts = [chunk_bounds(hi - lo, per_chunk) for lo, hi in bounds]  # segments, relative to the chunk
+    seg_len, items, ahead = -(-largest // per_chunk), len(steps) * per_chunk, PIPELINE_DEPTH
+    pool = flat.new_empty(ahead * seg_len if any(s.phase == REDUCE_SCATTER for s in steps) else 0)
+    send_to, recv_from = group[steps[0].send_to], group[steps[0].recv_from]
 
+    def region(item: int, sending: bool) -> torch.Tensor:
+        index, seg = divmod(item, per_chunk)
+        step = steps[index]
+        chunk = step.send_chunk if sending else step.recv_chunk
+        a, b = cuts[chunk][seg]
+        if sending and partials is not None and index > 0:
+            return partials[(index - 1) % 2][a:b]
+        if not sending and step.phase == REDUCE_SCATTER:
+            return pool[(item % ahead) * seg_len:][: b - a]
+        return flat[bounds[chunk][0] + a:bounds[chunk][0] + b]
 
-def _exchange_and_reduce(send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: int,
-                         local: torch.Tensor, target: torch.Tensor, reduce: Reduce) -> None:
-    """Send `send`, receive `recv`, and set target = local op recv, segment by segment as data lands.
+    recvs: dict[int, tuple[torch.Tensor, Any]] = {}
+    sends: dict[int, Any] = {}
 
-    All receives and sends are posted first (deadlock-free, see `exchange`); then each segment is
-    reduced as soon as it has arrived, while the later segments are still in flight.
-    """
-    seg = max(1, SEGMENT_BYTES // max(1, recv.element_size()))
-    recvs = [(lo, dist.irecv(recv[lo:lo + seg], recv_from)) for lo in range(0, recv.numel(), seg)]
-    sends = [dist.isend(send[lo:lo + seg], send_to) for lo in range(0, send.numel(), seg)]
-    for lo, work in recvs:
-        work.wait()
-        reduce(local[lo:lo + seg], recv[lo:lo + seg], target[lo:lo + seg])
-    for work in sends:
-        work.wait()
+    def post_recv(item: int) -> None:
+        buf = region(item, sending=False)
+        recvs[item] = (buf, dist.irecv(buf, recv_from) if buf.numel() else None)
 
+    def post_send(item: int) -> None:
+        buf = region(item, sending=True)
+        sends[item] = dist.isend(buf, send_to) if buf.numel() else None
 
-def _all_gather_phase(flat: torch.Tensor, bounds: list[tuple[int, int]], group: list[int], pos: int) -> None:
-    """Ring all-gather in place: chunk `pos` of `flat` is this rank's; afterwards every chunk is filled."""
-    for step in ring_steps(len(group), pos):
-        if step.phase == ALL_GATHER:
-            (slo, shi), (rlo, rhi) = bounds[step.send_chunk], bounds[step.recv_chunk]
-            exchange(flat[slo:shi], group[step.send_to], flat[rlo:rhi], group[step.recv_from])
+    for item in range(min(ahead, items)):
+        post_recv(item)
+    for item in range(min(per_chunk, items)):  # the first step sends this rank's own data
+        post_send(item)
+    for item in range(items):
+        buf, work = recvs.pop(item)
+        if work is not None:
+            work.wait()
+        index, seg = divmod(item, per_chunk)
+        if steps[index].phase == REDUCE_SCATTER and buf.numel():
+            chunk = steps[index].recv_chunk
+            a, b = cuts[chunk][seg]
+            local = flat[bounds[chunk][0] + a:bounds[chunk][0] + b]
+            reduce(local, buf, local if partials is None else partials[index % 2][a:b])  # type: ignore[misc]
+        if item + per_chunk < items:
+            post_send(item + per_chunk)  # forward what just arrived
+        if item + ahead < items:
+            post_recv(item + ahead)  # reuses the pool slot just reduced
+        work = sends.pop(item)
+        if work is not None:
+            work.wait()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,14 +325,16 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     Cost: (p - 1) alpha + (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank.
     """
     group, pos = participants(ranks)
-    reduce = reducer(op)
+    reducer(op)
     flat = flatten(tensor)
     bounds = chunk_bounds(flat.numel(), len(group))
+    if len(group) == 1 or flat.numel() == 0:
+        return flat.clone()
+    steps = [s for s in ring_steps(len(group), pos) if s.phase == REDUCE_SCATTER]
+    partials = [flat.new_empty(bounds[0][1]), flat.new_empty(bounds[0][1])]
+    _ring_pipeline(flat, bounds, group, steps, reducer(op), partials)
     lo, hi = bounds[pos]
-    out = flat.new_empty(hi - lo)
-    if len(group) == 1:
-        return out.copy_(flat)
-    return _reduce_scatter_phase(flat, bounds, group, pos, reduce, out)
+    return partials[(len(steps) - 1) % 2][: hi - lo]
 
 
 def ring_all_gather(tensor: torch.Tensor, ranks: Sequence[int] | None = None) -> torch.Tensor:
@@ -275,8 +350,9 @@ def ring_all_gather(tensor: torch.Tensor, ranks: Sequence[int] | None = None) ->
     shape = tuple(tensor.shape) or (1,)
     out = flat.new_empty(p * m)
     out[pos * m:(pos + 1) * m].copy_(flat)
-    if p > 1:
-        _all_gather_phase(out, [(i * m, (i + 1) * m) for i in range(p)], group, pos)
+    if p > 1 and m:
+        steps = [s for s in ring_steps(p, pos) if s.phase == ALL_GATHER]
+        _ring_pipeline(out, [(i * m, (i + 1) * m) for i in range(p)], group, steps)
     return out.view(p * shape[0], *shape[1:])
 
 
@@ -284,8 +360,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                     ranks: Sequence[int] | None = None) -> torch.Tensor:
     """Ring all-reduce in place: a ring reduce-scatter, then a ring all-gather (Patarasuk & Yuan 2009).
 
-    Follows ring_all_reduce_schedule(p) step by step. Each reduce-scatter step is pipelined in segments
-    of SEGMENT_BYTES, so reducing one segment overlaps with receiving the next. Returns `tensor`.
+    Follows ring_all_reduce_schedule(p) step by step, each chunk cut into segments of at most
+    SEGMENT_BYTES that stream around the ring (see _ring_pipeline). Returns `tensor`.
     Cost: 2 (p - 1) alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank.
     """
     group, pos = participants(ranks)
@@ -293,7 +369,5 @@ def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     flat = flatten(tensor)
     if len(group) == 1 or flat.numel() == 0:
         return tensor
-    bounds = chunk_bounds(flat.numel(), len(group))
-    _reduce_scatter_phase(flat, bounds, group, pos, reduce, out=None)
-    _all_gather_phase(flat, bounds, group, pos)
+    _ring_pipeline(flat, chunk_bounds(flat.numel(), len(group)), group, ring_steps(len(group), pos), reduce)
     return write_back(tensor, flat)

@@ -1,0 +1,97 @@
+"""Write every static figure the book uses: `python -m distlab.figures OUTDIR`.
+
+The book's pages include these files by name from book/figures/ (generated, not committed: `make book`
+and the book-build test run this first). Each entry of BOOK_FIGURES pairs a file name with the package
+function that draws it, so the book, the labs and the tests show the same picture. A new chapter adds
+its figures to BOOK_FIGURES, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import NamedTuple
+
+from matplotlib.figure import Figure
+
+from distlab.collectives import figures as collectives
+from distlab.collectives.cost_model import MachineParams
+
+
+class BookFigure(NamedTuple):
+    """One file of book/figures: its name, the function that draws it, and what it shows."""
+
+    filename: str
+    make: Callable[[], Figure]
+    shows: str
+
+
+def cost_model_example() -> Figure:
+    """The book's cost-model figure. Its parameters are illustrative, not measured, and the title says so:
+    8 ranks, 4 per node, alpha = 5 µs, 1/beta = 10 GB/s, 1/gamma = 50 GB/s."""
+    params = MachineParams(alpha=5e-6, beta=1 / 10e9, gamma=1 / 50e9)
+    return collectives.cost_model_figure(params, p=8, ranks_per_node=4,
+                                         note="Illustrative example, not a measurement: ")
+
+
+BOOK_FIGURES: tuple[BookFigure, ...] = (
+    # Chapter 1: collectives
+    *(BookFigure(f"semantics-{c}.png", partial(collectives.semantics_figure, c, 4), f"{c} on 4 ranks")
+      for c in collectives.COLLECTIVES),
+    BookFigure("ring-all-reduce-steps.png", partial(collectives.ring_all_reduce_steps_figure, 4),
+               "every step of ring all-reduce on 4 ranks"),
+    BookFigure("binomial-tree-broadcast.png", partial(collectives.binomial_tree_figure, 8),
+               "binomial-tree broadcast on 8 ranks"),
+    BookFigure("recursive-doubling.png", partial(collectives.recursive_doubling_figure, 8),
+               "recursive-doubling all-reduce partners on 8 ranks"),
+    BookFigure("hierarchical-all-reduce.png", partial(collectives.hierarchical_all_reduce_figure, 2, 4),
+               "the phases of the two-level all-reduce, 2 nodes x 4 ranks"),
+    BookFigure("cost-model-algorithms.png", cost_model_example,
+               "predicted all-reduce time vs message size, example parameters"),
+)
+
+
+def write_figures(outdir: str | Path, names: Sequence[str] | None = None, dpi: int = 150) -> list[Path]:
+    """Draw the BOOK_FIGURES named in `names` (all if None) into `outdir`; return the paths written."""
+    known = {f.filename: f for f in BOOK_FIGURES}
+    wanted = list(known) if names is None else list(names)
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown figure(s) {unknown}; choose from {', '.join(known)}")
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in wanted:
+        path = out / name
+        known[name].make().savefig(path, dpi=dpi, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: `python -m distlab.figures OUTDIR [--only NAME ...] [--dpi 150]`."""
+    parser = argparse.ArgumentParser(prog="python -m distlab.figures", description=__doc__.split("\n")[0])
+    parser.add_argument("outdir", help="folder to write the PNG files into (created if missing)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="write only these files")
+    parser.add_argument("--dpi", type=int, default=150, help="resolution of the PNG files (default 150)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        written = write_figures(args.outdir, args.only, args.dpi)
+    except ValueError as e:
+        parser.error(str(e))
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} figures in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script needs no window; set here, not on import, to leave notebooks alone
+    sys.exit(main())
