@@ -8,12 +8,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help env kernel lab test book lint clean
+.PHONY: help env kernel lab test book student lint clean
 
 help:
 	@echo "make lab    set up .venv (first time only) and open JupyterLab on labs/"
 	@echo "make test   run the whole suite: unit tests, every lab notebook (nbval), the book build"
 	@echo "make book   draw the figures and build the book into _build/html"
+	@echo "make student  write the student versions of the labs (solutions stubbed) into _build/student"
 	@echo "make lint   ruff check src tests"
 	@echo "make clean  remove build outputs (keeps .venv; 'rm -rf .venv' to start over)"
 
@@ -34,12 +35,18 @@ lab: kernel
 	$(BIN)/jupyter lab labs/
 
 # One pytest run: tests/ (including tests/test_book.py, which builds the book) and every notebook in labs/.
+# labs/nbval-sanitize.cfg blanks what varies between runs without being a result (progress bars).
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with labs/nbval-sanitize.cfg
 test: $(STAMP)
-	$(BIN)/pytest --nbval --nbval-current-env tests labs
+	$(BIN)/pytest $(NBVAL) tests labs
 
 book: $(STAMP)
 	$(BIN)/python -m distlab.figures book/figures
 	$(BIN)/jupyter-book build . -W -n --keep-going
+
+# Instructors: the labs without their worked solutions (between "# BEGIN SOLUTION" and "# END SOLUTION").
+student: $(STAMP)
+	$(BIN)/python -m distlab.student labs/[0-9][0-9]_*.ipynb --out _build/student
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

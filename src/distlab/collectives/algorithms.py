@@ -46,7 +46,7 @@ def _subtree(vr: int, p: int) -> int:
 
 
 def tree_broadcast(tensor: torch.Tensor, src: int = 0, ranks: Sequence[int] | None = None) -> torch.Tensor:
-    """Binomial-tree broadcast from global rank `src`, in place (MPICH; Thakur et al. 2005, sec. 4.1).
+    """Binomial-tree broadcast from global rank `src`, in place (MPICH; Thakur et al. 2005).
 
     In round k the ranks that already hold the data send it 2^k further on, so the data reaches
     all p ranks in ceil(log2 p) rounds. Cost: ceil(log2 p) (alpha + n beta).
@@ -74,7 +74,7 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, ranks: Sequence[int] | No
 
 def tree_reduce(tensor: torch.Tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM,
                 ranks: Sequence[int] | None = None) -> torch.Tensor:
-    """Binomial-tree reduce to global rank `dst` (MPICH; Thakur et al. 2005, sec. 4.4).
+    """Binomial-tree reduce to global rank `dst` (MPICH; Thakur et al. 2005).
 
     The broadcast tree run backwards: each rank reduces what its children send, then sends the partial
     result to its parent. On `dst` the result is written into `tensor` in place; on the other ranks
@@ -107,7 +107,7 @@ def tree_reduce(tensor: torch.Tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM,
 
 def recursive_doubling_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                                   ranks: Sequence[int] | None = None) -> torch.Tensor:
-    """Recursive-doubling all-reduce in place (Thakur et al. 2005, sec. 4.5).
+    """Recursive-doubling all-reduce in place (Thakur et al. 2005).
 
     In step k each rank exchanges its whole vector with the rank whose position differs in bit k and
     reduces. When p is not a power of two, with p' the largest power of two below p and r = p - p':
@@ -172,7 +172,7 @@ def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int, op: Reduc
 
 def pairwise_all_to_all(inputs: Sequence[torch.Tensor], ranks: Sequence[int] | None = None, *,
                         output_split_sizes: Sequence[int] | None = None) -> list[torch.Tensor]:
-    """Pairwise-exchange all-to-all (Thakur et al. 2005, sec. 4.6): inputs[j] goes to the j-th rank
+    """Pairwise-exchange all-to-all (Thakur et al. 2005): inputs[j] goes to the j-th rank
     of `ranks`; returns outputs where outputs[j] came from the j-th rank.
 
     In step k = 1 .. p-1 the rank at position i sends to (i + k) mod p and receives from (i - k) mod p,
@@ -230,7 +230,7 @@ def pairwise_all_to_all(inputs: Sequence[torch.Tensor], ranks: Sequence[int] | N
 
 def scatter(chunks: Sequence[torch.Tensor] | None, src: int = 0,
             ranks: Sequence[int] | None = None) -> torch.Tensor:
-    """Binomial-tree scatter (MPICH; Thakur et al. 2005, sec. 4.2): chunks[j] on `src` goes to the j-th
+    """Binomial-tree scatter (MPICH; Thakur et al. 2005): chunks[j] on `src` goes to the j-th
     rank of `ranks`. Returns this rank's chunk (a new tensor). `chunks` is read on `src` only.
 
     The root sends each child the block of chunks for that child's whole subtree, which splits it on.
@@ -281,7 +281,7 @@ def scatter(chunks: Sequence[torch.Tensor] | None, src: int = 0,
 
 def gather(tensor: torch.Tensor, dst: int = 0,
            ranks: Sequence[int] | None = None) -> list[torch.Tensor] | None:
-    """Binomial-tree gather (MPICH; Thakur et al. 2005, sec. 4.3), the scatter tree run backwards.
+    """Binomial-tree gather (MPICH; Thakur et al. 2005), the scatter tree run backwards.
 
     Each rank collects the blocks of its subtree from its children, then sends the whole block to its
     parent. Every rank must pass the same shape and dtype. Returns, on `dst`, the list of all ranks'

@@ -238,8 +238,7 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
     sizes = _check_sizes(sizes)
     _check_choice("dtype", dtype, _DTYPES)
     _check_choice("over_ranks", over_ranks, ("max", "mean"))
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be >= 1 (a row is the median over repeats), e.g. 5")
+    _check_counts(iters, warmup, repeats)
     torch_dtype = _DTYPES[dtype]
     itemsize = torch.tensor([], dtype=torch_dtype).element_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", p))
@@ -292,6 +291,12 @@ def _row(collective: str, impl: str, p: int, count: int, itemsize: int, dtype: s
     return Row(collective, impl, p, size, count, dtype, seconds * 1e6, algbw, busbw)
 
 
+def _check_counts(iters: int | None, warmup: int | None, repeats: int) -> None:
+    for name, value, least in (("iters", iters, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}, e.g. {name}=5")
+
+
 def _check_choice(name: str, value: object, allowed: Sequence[str] | dict) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
@@ -335,6 +340,7 @@ def benchmark(world_size: int | Sequence[int], collectives: Sequence[str] = ("al
         collectives = [collectives]
     for c in collectives:
         _pick(c, implementations)  # raises on unknown collectives and implementations
+    _check_counts(iters, warmup, repeats)
     _check_choice("dtype", dtype, _DTYPES)
     _check_choice("over_ranks", over_ranks, ("max", "mean"))
     itemsize = torch.tensor([], dtype=_DTYPES[dtype]).element_size()
@@ -345,11 +351,11 @@ def benchmark(world_size: int | Sequence[int], collectives: Sequence[str] = ("al
     from tqdm.auto import tqdm
 
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp:
-        bar = tqdm(total=len(world_sizes) * len(collectives) * len(sizes), desc="benchmark", unit="size",
-                   disable=not progress)
-        for w in world_sizes:
-            path = Path(tmp) / f"progress-{w}"
+    total = len(world_sizes) * len(collectives) * len(sizes)
+    with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp, \
+            tqdm(total=total, desc="benchmark", unit="size", disable=not progress) as bar:
+        for i, w in enumerate(world_sizes):
+            path = Path(tmp) / f"progress-{i}"
             path.touch()
             bar.set_postfix_str(f"{w} ranks")
             done = threading.Event()
@@ -363,7 +369,6 @@ def benchmark(world_size: int | Sequence[int], collectives: Sequence[str] = ("al
             finally:
                 done.set()
                 watcher.join()
-        bar.close()
     return rows
 
 
@@ -442,15 +447,20 @@ def format_ratio_table(ratios: Sequence[Ratio]) -> str:
 # Command line: under torchrun (one GPU per rank), or starting its own ranks on this machine
 # --------------------------------------------------------------------------------------------------
 
-def _under_torchrun(args: argparse.Namespace) -> None:
+def _under_torchrun(args: argparse.Namespace) -> list[Row]:
     rows = run_benchmark(args.collectives, parse_sizes(args.sizes), args.implementations, iters=args.iters,
                          warmup=args.warmup, repeats=args.repeats, dtype=args.dtype,
                          ranks_per_node=args.ranks_per_node, over_ranks=args.over_ranks, echo=True)
     if launch.rank() == 0:
         print("\n" + format_ratio_table(ratio_table(rows)), flush=True)
+    return rows
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    """Command line: under torchrun, every rank measures and rank 0 prints; otherwise start the ranks.
+
+    Returns the rows (on every rank under torchrun).
+    """
     parser = argparse.ArgumentParser(prog="python -m distlab.collectives.bench",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="4M:64M:4", help="MIN:MAX[:FACTOR] or a comma list, e.g. 1K:256M")
@@ -465,13 +475,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--over-ranks", default="max", choices=["max", "mean"])
     args = parser.parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        launch.under_torchrun(_under_torchrun, args)
-        return
+        return launch.under_torchrun(_under_torchrun, args)
     rows = benchmark(args.world_size, args.collectives, args.sizes, args.implementations, iters=args.iters,
                      warmup=args.warmup, repeats=args.repeats, dtype=args.dtype,
                      ranks_per_node=args.ranks_per_node, over_ranks=args.over_ranks)
     print(format_table(rows))
     print("\n" + format_ratio_table(ratio_table(rows)))
+    return rows
 
 
 if __name__ == "__main__":

@@ -184,12 +184,12 @@ def _diagnose(rank: int, p: int, n: int, original, got, expected, returned: Any,
     right = [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
     partial = [s for s, _, _ in wrong if s[0] == "own" or (s[0] == "mix" and max(s[1]) == 1)]
     if parts and wrong and n >= p > 1 and len(partial) == len(wrong):  # data missing, nothing doubled
-        if all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
+        if len(right) == 1:
+            problems.append(f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?")
+        elif all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
             problems.append(f"every wrong chunk on rank {rank} holds one rank's data only: the all-gather "
                             "spread chunks that were never reduced (does the reduce-scatter run p - 1 steps, "
                             "and does the all-gather start from the chunk this rank finished reducing?)")
-        elif len(right) == 1:
-            problems.append(f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?")
     if len({s for s, _, _ in wrong}) == 1 and sum(b - a for _, a, b in wrong) == n and n > 1:
         wrong = [(wrong[0][0], 0, n)]  # one story for the whole tensor: tell it once
     details = [_explain(s, "the whole tensor" if (a, b) == (0, n) and n > 1 else _where(a, b, n, parts),
@@ -286,8 +286,11 @@ def _summarise(label: str, counts: Sequence[int], per_rank: list[list[list[str]]
     def gist(r: int) -> list[str]:
         return [msg.replace(f"rank {r}", "rank #") for msg in per_rank[r][j]]
 
-    others = [r for r in bad_ranks[1:] if gist(r)[0] != gist(first)[0]]  # a different headline
-    lines += [f"  {per_rank[r][j][0]}" for r in others[:2]]
+    heads = [gist(first)[0]]
+    for r in bad_ranks[1:]:  # then up to two ranks whose headline tells a different story
+        if gist(r)[0] not in heads and len(heads) < 3:
+            heads.append(gist(r)[0])
+            lines.append(f"  {per_rank[r][j][0]}")
     if len(bad_ranks) > 1:
         how = ", in the same way" if all(gist(r) == gist(first) for r in bad_ranks) else ""
         lines.append(f"  ({'all ' if len(bad_ranks) == p else ''}ranks {bad_ranks} are wrong{how})")

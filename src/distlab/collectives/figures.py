@@ -17,6 +17,8 @@ Every function returns a matplotlib Figure and leaves global state alone: rcPara
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -28,22 +30,25 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 from distlab.collectives import cost_model
 from distlab.collectives.ring import REDUCE_SCATTER, ring_all_reduce_schedule
 
+if TYPE_CHECKING:
+    import ipywidgets
+
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                "all_to_all")
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999")
 _LINES = ("#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000")
 Cell = tuple[str, ...] | None
-_RC = {"font.size": 8.5, "axes.titlesize": 9, "axes.labelsize": 8.5, "legend.fontsize": 8,
-       "font.family": "DejaVu Sans", "savefig.dpi": 150}
+_RC = MappingProxyType({"font.size": 8.5, "axes.titlesize": 9, "axes.labelsize": 8.5, "legend.fontsize": 8,
+                        "font.family": "DejaVu Sans", "savefig.dpi": 150})
 _SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
-_DOING = {"broadcast": "the root's buffer is copied to every rank",
+_DOING = MappingProxyType({"broadcast": "the root's buffer is copied to every rank",
           "scatter": "the root's chunk i goes to rank i",
           "gather": "rank i's buffer goes to slot i on the root",
           "reduce": "the element-wise sum of all buffers lands on the root",
           "all_reduce": "every rank gets the element-wise sum of all buffers",
           "all_gather": "every rank gets every rank's buffer, in rank order",
           "reduce_scatter": "rank i gets the sum of everyone's chunk i",
-          "all_to_all": "rank i's chunk j goes to slot i on rank j"}
+          "all_to_all": "rank i's chunk j goes to slot i on rank j"})
 
 
 def letter(rank: int) -> str:
@@ -402,7 +407,7 @@ def ring_all_reduce_step_figure(p: int = 4, step: int = 0) -> Figure:
     return _done(fig)
 
 
-def ring_all_reduce_explorer(p: int = 4):  # -> ipywidgets.VBox (imported lazily: optional at import time)
+def ring_all_reduce_explorer(p: int = 4) -> ipywidgets.VBox:
     """A widget: pick p and a step, see that step of ring all-reduce (the same trace as the book figure)."""
     import ipywidgets as widgets
     from IPython.display import display
@@ -466,7 +471,8 @@ def binomial_tree_figure(p: int = 8, root: int = 0) -> Figure:
             tree.scatter([x], [y], s=330, c="white", edgecolors="black", zorder=3)
             tree.text(x, y, str(r), ha="center", va="center", zorder=4)
         tree.set_title(f"(a) the tree rooted at rank {root}", loc="left")
-        tree.legend(loc="upper left", frameon=False, borderaxespad=0)
+        if steps:
+            tree.legend(loc="upper left", frameon=False, borderaxespad=0)
         tree.axis("off")
         tree.margins(0.12)
         have = {root}

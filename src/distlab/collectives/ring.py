@@ -11,8 +11,12 @@ sent, gamma: seconds per byte reduced) and n bytes per rank:
 
 The bandwidth term is optimal: every rank must send and receive at least 2 (p - 1)/p n bytes.
 
+Each chunk travels in segments that stream around the ring (see _ring_pipeline), so that receiving,
+reducing and forwarding overlap, as in gloo's own ring all-reduce.
+
 This module also holds the small helpers every algorithm in the package shares: checking `ranks`,
-turning a `ReduceOp` into a torch function, flattening a tensor, and one deadlock-free exchange.
+turning a `ReduceOp` into a torch function, flattening a tensor, and deadlock-free segmented
+point-to-point transfers (exchange, send_all, recv_all, exchange_reduce).
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from torch.distributed import ReduceOp
 # reduce(a, b, out) computes out = a op b elementwise; out may be a or b (in place).
 Reduce = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-# Messages are cut into segments of at most SEGMENT_BYTES, and a reducing step keeps PIPELINE_DEPTH
-# segments in flight: reducing one segment overlaps with receiving the next ones, and the receive
-# buffers stay small. Large fresh buffers are costly: the first touch of each page is a page fault,
-# and on small VMs that costs as much as sending the bytes.
-SEGMENT_BYTES = 1 << 20
+# Messages are cut into segments of at most SEGMENT_BYTES, and PIPELINE_DEPTH receives are posted ahead:
+# reducing one segment overlaps with receiving the next ones, and receive buffers stay a few segments
+# long instead of a whole chunk. Larger segments mean fewer messages (each costs a rendezvous in gloo
+# and a trip through Python); smaller ones mean more overlap. These values were measured best against
+# gloo's dist.all_reduce on a 2-core machine (gloo's C++ ring uses 1 MiB segments, 2 in flight).
+# Tests shrink them to exercise the pipeline on small tensors.
+SEGMENT_BYTES = 4 << 20
 PIPELINE_DEPTH = 4
-MIN_SEGMENT_BYTES = 32 << 10  # a ring chunk smaller than two of these goes as one message per step
+MIN_SEGMENT_BYTES = 1 << 20  # a ring chunk smaller than two of these goes as one message per step
 
 REDUCE_SCATTER = "reduce-scatter"
 ALL_GATHER = "all-gather"
@@ -125,9 +131,11 @@ def exchange(send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: in
 
     Every rank posts all its receives and sends *before* waiting on any. With blocking send/recv in
     the same order on every rank, a ring deadlocks as soon as messages exceed the transport's buffers
-    (each rank waits in send for a neighbour that is itself waiting in send). batch_isend_irecv is
-    avoided on purpose: gloo has no batched p2p of its own, so on gloo it adds coalescing bookkeeping
-    around the same isend/irecv calls and its error paths are less well trodden.
+    (each rank waits in send for a neighbour that is itself waiting in send). Posting receives early
+    also matters for speed: gloo moves a message only once the receiver has posted its receive.
+    batch_isend_irecv is avoided on purpose: gloo has no batched point-to-point to map it to (it issues
+    the same isend/irecv one by one inside a coalescing context designed for NCCL), so it gains nothing
+    here, and explicit calls keep the order of messages visible.
     """
     works = [dist.irecv(recv[lo:hi], recv_from) for lo, hi in segments(recv.numel(), recv.element_size())]
     works += [dist.isend(send[lo:hi], send_to) for lo, hi in segments(send.numel(), send.element_size())]
@@ -244,6 +252,14 @@ def ring_all_reduce_schedule(p: int) -> list[list[RingStep]]:
 # Running ring steps as one pipeline of segments
 # --------------------------------------------------------------------------------------------------
 
+def _segmenting(bounds: list[tuple[int, int]], element_size: int) -> tuple[int, int]:
+    """(segments per chunk, elements in the longest segment) for chunks `bounds`."""
+    largest = bounds[0][1] - bounds[0][0]  # chunk_bounds puts the longest chunk first
+    nbytes = largest * element_size
+    per_chunk = max(-(-nbytes // SEGMENT_BYTES), 2 if nbytes >= 2 * MIN_SEGMENT_BYTES else 1)
+    return per_chunk, -(-largest // per_chunk)
+
+
 def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: list[int],
                    steps: list[RingStep], reduce: Reduce | None = None,
                    partials: list[torch.Tensor] | None = None) -> None:
@@ -255,14 +271,12 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
     and receiving, reducing and sending overlap, as in gloo's own ring. Receives are posted
     PIPELINE_DEPTH items ahead, because gloo moves a message only once its receive is posted.
     Reduce-scatter steps receive into a small pool and reduce into `flat`, or, with `partials`, into
-    two alternating chunk-sized buffers (step s writes partials[s % 2]), leaving `flat` untouched.
-    All-gather steps receive straight into `flat`.
+    partials[s] for step s (step s + 1 sends it on; all but the last hold S segment slots of the
+    largest segment's length), leaving `flat` untouched. All-gather steps receive straight into `flat`.
     """
-    largest = bounds[0][1] - bounds[0][0]  # chunk_bounds puts the longest chunk first
-    nbytes = largest * flat.element_size()
-    per_chunk = max(-(-nbytes // SEGMENT_BYTES), 2 if nbytes >= 2 * MIN_SEGMENT_BYTES else 1)
+    per_chunk, seg_len = _segmenting(bounds, flat.element_size())
     cuts = [chunk_bounds(hi - lo, per_chunk) for lo, hi in bounds]  # segments, relative to the chunk
-    seg_len, items, ahead = -(-largest // per_chunk), len(steps) * per_chunk, PIPELINE_DEPTH
+    items, ahead = len(steps) * per_chunk, PIPELINE_DEPTH
     pool = flat.new_empty(ahead * seg_len if any(s.phase == REDUCE_SCATTER for s in steps) else 0)
     send_to, recv_from = group[steps[0].send_to], group[steps[0].recv_from]
 
@@ -272,7 +286,7 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
         chunk = step.send_chunk if sending else step.recv_chunk
         a, b = cuts[chunk][seg]
         if sending and partials is not None and index > 0:
-            return partials[(index - 1) % 2][a:b]
+            return partials[index - 1][seg * seg_len:][: b - a]
         if not sending and step.phase == REDUCE_SCATTER:
             return pool[(item % ahead) * seg_len:][: b - a]
         return flat[bounds[chunk][0] + a:bounds[chunk][0] + b]
@@ -296,17 +310,27 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
         buf, work = recvs.pop(item)
         if work is not None:
             work.wait()
+        # the send of one step earlier must be out before this reduce may overwrite its partials
+        work = sends.pop(item - per_chunk, None)
+        if work is not None:
+            work.wait()
         index, seg = divmod(item, per_chunk)
         if steps[index].phase == REDUCE_SCATTER and buf.numel():
             chunk = steps[index].recv_chunk
             a, b = cuts[chunk][seg]
             local = flat[bounds[chunk][0] + a:bounds[chunk][0] + b]
-            reduce(local, buf, local if partials is None else partials[index % 2][a:b])  # type: ignore[misc]
+            if partials is None:
+                target = local
+            elif index == len(steps) - 1:  # the last step writes the result, laid out as the chunk
+                target = partials[index][a:b]
+            else:  # a fixed slot per segment, so segments of chunks of different lengths never overlap
+                target = partials[index][seg * seg_len:][: b - a]
+            reduce(local, buf, target)  # type: ignore[misc]
         if item + per_chunk < items:
             post_send(item + per_chunk)  # forward what just arrived
         if item + ahead < items:
             post_recv(item + ahead)  # reuses the pool slot just reduced
-        work = sends.pop(item)
+    for work in sends.values():
         if work is not None:
             work.wait()
 
@@ -315,45 +339,67 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
 # The public collectives
 # --------------------------------------------------------------------------------------------------
 
-def ring_reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
-                        ranks: Sequence[int] | None = None) -> torch.Tensor:
+def _check_out(out: torch.Tensor | None, numel: int, like: torch.Tensor, what: str) -> torch.Tensor:
+    """`out`, checked (contiguous, `numel` elements, like's dtype and device), or a new tensor if None."""
+    if out is None:
+        return like.new_empty(numel)
+    if not isinstance(out, torch.Tensor) or out.numel() != numel or out.dtype != like.dtype \
+            or out.device != like.device or not out.is_contiguous():
+        got = (f"{tuple(out.shape)} {out.dtype} on {out.device}, contiguous={out.is_contiguous()}"
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        raise ValueError(f"out must be a contiguous tensor of {numel} elements ({what}) of {like.dtype} on "
+                         f"{like.device}; got {got}. Pass out=None to have one allocated")
+    return out.view(-1)
+
+
+def ring_reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, ranks: Sequence[int] | None = None,
+                        *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Ring reduce-scatter (Patarasuk & Yuan 2009): the reduction of chunk i of the flattened tensor
     lands on the rank at position i of `ranks`, with chunks as in chunk_bounds(tensor.numel(), p).
 
-    Returns a new 1-D tensor (this rank's reduced chunk); `tensor` is not modified. Every rank must pass
-    a tensor with the same number of elements and dtype.
+    Returns this rank's reduced chunk as a 1-D tensor: `out` if given (preallocated, as with
+    torch.distributed.reduce_scatter_tensor), else a new one. `tensor` is not modified: the partial
+    result of step s lives in a spare chunk-sized buffer until step s + 1 has sent it on. Every rank
+    must pass a tensor with the same number of elements and dtype.
     Cost: (p - 1) alpha + (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank.
     """
     group, pos = participants(ranks)
-    reducer(op)
+    reduce = reducer(op)
     flat = flatten(tensor)
     bounds = chunk_bounds(flat.numel(), len(group))
-    if len(group) == 1 or flat.numel() == 0:
-        return flat.clone()
-    steps = [s for s in ring_steps(len(group), pos) if s.phase == REDUCE_SCATTER]
-    partials = [flat.new_empty(bounds[0][1]), flat.new_empty(bounds[0][1])]
-    _ring_pipeline(flat, bounds, group, steps, reducer(op), partials)
     lo, hi = bounds[pos]
-    return partials[(len(steps) - 1) % 2][: hi - lo]
+    result = _check_out(out, hi - lo, flat, "this rank's chunk")
+    if len(group) == 1 or flat.numel() == 0:
+        result.copy_(flat)
+    else:
+        steps = [s for s in ring_steps(len(group), pos) if s.phase == REDUCE_SCATTER]
+        per_chunk, seg_len = _segmenting(bounds, flat.element_size())
+        spares = [flat.new_empty(per_chunk * seg_len) for _ in range(min(2, len(steps) - 1))]
+        partials = [spares[s % 2] for s in range(len(steps) - 1)] + [result]
+        _ring_pipeline(flat, bounds, group, steps, reduce, partials)
+    return result if out is None else out
 
 
-def ring_all_gather(tensor: torch.Tensor, ranks: Sequence[int] | None = None) -> torch.Tensor:
+def ring_all_gather(tensor: torch.Tensor, ranks: Sequence[int] | None = None, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Ring all-gather (Patarasuk & Yuan 2009): every rank's tensor, concatenated along dim 0 in `ranks`
     order (a 0-d tensor counts as shape (1,)). Every rank must pass the same shape and dtype.
 
-    Each of the p - 1 steps forwards to the next rank the block received in the step before.
+    Each of the p - 1 steps forwards to the next rank the block received in the step before. The
+    result goes into `out` if given (p * tensor.numel() elements, preallocated as with
+    torch.distributed.all_gather_into_tensor), else into a new tensor.
     Cost: (p - 1) alpha + (p - 1)/p n beta for n bytes of output.
     """
     group, pos = participants(ranks)
     flat = flatten(tensor)
     p, m = len(group), flat.numel()
     shape = tuple(tensor.shape) or (1,)
-    out = flat.new_empty(p * m)
-    out[pos * m:(pos + 1) * m].copy_(flat)
+    result = _check_out(out, p * m, flat, "p * tensor.numel()")
+    result[pos * m:(pos + 1) * m].copy_(flat)
     if p > 1 and m:
         steps = [s for s in ring_steps(p, pos) if s.phase == ALL_GATHER]
-        _ring_pipeline(out, [(i * m, (i + 1) * m) for i in range(p)], group, steps)
-    return out.view(p * shape[0], *shape[1:])
+        _ring_pipeline(result, [(i * m, (i + 1) * m) for i in range(p)], group, steps)
+    return result.view(p * shape[0], *shape[1:])
 
 
 def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
