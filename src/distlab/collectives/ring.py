@@ -88,20 +88,29 @@ def position_of(group: list[int], rank: int, name: str) -> int:
     return group.index(rank)
 
 
+def _sum(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.add(a, b, out=out)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.mul(a, b, out=out)
+
+
+def _min(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(a, b, out=out)
+
+
+def _max(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(a, b, out=out)
+
+
 def reducer(op: ReduceOp) -> Reduce:
     """The torch function for `op`: reduce(a, b, out) sets out = a op b (out may alias a or b)."""
-    table: list[tuple[object, Reduce]] = [
-        (ReduceOp.SUM, lambda a, b, out: torch.add(a, b, out=out)),
-        (ReduceOp.PRODUCT, lambda a, b, out: torch.mul(a, b, out=out)),
-        (ReduceOp.MIN, lambda a, b, out: torch.minimum(a, b, out=out)),
-        (ReduceOp.MAX, lambda a, b, out: torch.maximum(a, b, out=out)),
-    ]
-    for known, fn in table:
-        try:
+    if isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
+        for known, fn in ((ReduceOp.SUM, _sum), (ReduceOp.PRODUCT, _product), (ReduceOp.MIN, _min),
+                          (ReduceOp.MAX, _max)):
             if op == known:
                 return fn
-        except TypeError:
-            break
     raise ValueError(f"op={op!r} is not supported; use ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN "
                      "or ReduceOp.MAX")
 
@@ -276,8 +285,13 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
     """
     per_chunk, seg_len = _segmenting(bounds, flat.element_size())
     cuts = [chunk_bounds(hi - lo, per_chunk) for lo, hi in bounds]  # segments, relative to the chunk
-    items, ahead = len(steps) * per_chunk, PIPELINE_DEPTH
-    pool = flat.new_empty(ahead * seg_len if any(s.phase == REDUCE_SCATTER for s in steps) else 0)
+    items = len(steps) * per_chunk
+    # Receive slots: PIPELINE_DEPTH, or fewer when the reduce-scatter has fewer items than that. Fresh
+    # pages cost a page fault each on first touch, which at a few MB is a visible part of the time.
+    ahead = PIPELINE_DEPTH
+    scattered = sum(s.phase == REDUCE_SCATTER for s in steps) * per_chunk  # items received into the pool
+    slots = min(ahead, scattered)  # reduce-scatter items come first, so slot item % slots is free again
+    pool = flat.new_empty(slots * seg_len)
     send_to, recv_from = group[steps[0].send_to], group[steps[0].recv_from]
 
     def region(item: int, sending: bool) -> torch.Tensor:
@@ -286,9 +300,9 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
         chunk = step.send_chunk if sending else step.recv_chunk
         a, b = cuts[chunk][seg]
         if sending and partials is not None and index > 0:
-            return partials[index - 1][seg * seg_len:][: b - a]
+            return partials[index - 1].narrow(0, seg * seg_len, b - a)
         if not sending and step.phase == REDUCE_SCATTER:
-            return pool[(item % ahead) * seg_len:][: b - a]
+            return pool.narrow(0, (item % slots) * seg_len, b - a)
         return flat[bounds[chunk][0] + a:bounds[chunk][0] + b]
 
     recvs: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -324,7 +338,7 @@ def _ring_pipeline(flat: torch.Tensor, bounds: list[tuple[int, int]], group: lis
             elif index == len(steps) - 1:  # the last step writes the result, laid out as the chunk
                 target = partials[index][a:b]
             else:  # a fixed slot per segment, so segments of chunks of different lengths never overlap
-                target = partials[index][seg * seg_len:][: b - a]
+                target = partials[index].narrow(0, seg * seg_len, b - a)
             reduce(local, buf, target)  # type: ignore[misc]
         if item + per_chunk < items:
             post_send(item + per_chunk)  # forward what just arrived
