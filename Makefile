@@ -31,8 +31,11 @@ $(STAMP): pyproject.toml
 kernel: $(STAMP)
 	$(BIN)/python -m ipykernel install --user --name distlab --display-name "Python (distlab)"
 
+# LAB_ARGS passes options to JupyterLab (e.g. LAB_ARGS="--no-browser --port 8890"); as root (containers,
+# cloud GPU nodes) JupyterLab refuses to start without --allow-root, so it is added there.
+LAB_ARGS ?=
 lab: kernel
-	$(BIN)/jupyter lab labs/
+	$(BIN)/jupyter lab labs/ $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # One pytest run: tests/ (including tests/test_book.py, which builds the book) and every notebook in labs/.
 # labs/nbval-sanitize.cfg blanks what varies between runs without being a result (progress bars).

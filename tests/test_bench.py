@@ -9,8 +9,8 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from distlab.collectives import bench
-from distlab.collectives.bench import BUILTIN, COLLECTIVES, Row, busbw_factor
+from distlab.collectives import bench, busbw
+from distlab.collectives.busbw import BUILTIN, COLLECTIVES, Row, busbw_factor
 
 SPLIT = ("reduce_scatter", "all_gather", "all_to_all", "scatter", "gather")
 
@@ -25,11 +25,11 @@ def test_busbw_factor_is_the_one_in_nccl_tests_performance_md(collective, n, fac
 
 
 def test_sizes_parse_like_nccl_tests_flags():
-    assert bench.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
-    assert bench.parse_sizes("4M:64M:4") == [4 << 20, 16 << 20, 64 << 20]
-    assert bench.parse_sizes("4M,16M, 100") == [4 << 20, 16 << 20, 100]
-    assert bench.parse_sizes(["1G", 5]) == [1 << 30, 5]
-    assert bench.parse_size("64mb") == 64 << 20
+    assert busbw.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert busbw.parse_sizes("4M:64M:4") == [4 << 20, 16 << 20, 64 << 20]
+    assert busbw.parse_sizes("4M,16M, 100") == [4 << 20, 16 << 20, 100]
+    assert busbw.parse_sizes(["1G", 5]) == [1 << 30, 5]
+    assert busbw.parse_size("64mb") == 64 << 20
 
 
 def _check_rows(rows, world_size, sizes, collectives):
@@ -129,7 +129,7 @@ def test_bad_input_is_refused_before_any_rank_starts(kwargs, message):
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: busbw_factor("alltoall", 2), "unknown collective 'alltoall'; choose one of"),
     (lambda: busbw_factor("all_reduce", 0), "n=0 must be a positive integer number of ranks"),
-    (lambda: bench.parse_sizes("1K:2K:3:4"), "must be MIN:MAX or MIN:MAX:FACTOR"),
+    (lambda: busbw.parse_sizes("1K:2K:3:4"), "must be MIN:MAX or MIN:MAX:FACTOR"),
 ])
 def test_bad_input_to_helpers(call, message):
     with pytest.raises(ValueError) as info:

@@ -21,9 +21,9 @@ from distlab.collectives import (
     chunk_bounds,
     gather,
     hierarchical_all_reduce,
+    p2p,
     pairwise_all_to_all,
     recursive_doubling_all_reduce,
-    ring,
     ring_all_gather,
     ring_all_reduce,
     ring_all_reduce_schedule,
@@ -200,10 +200,10 @@ def _shapes_and_groups(failures: list[str]) -> None:
 def _pipelined(failures: list[str]) -> None:
     """Tiny segments, so that the segment pipelines (many segments per chunk) run on small inputs."""
     r, p = dist.get_rank(), dist.get_world_size()
-    saved = ring.SEGMENT_BYTES, ring.MIN_SEGMENT_BYTES, ring.PIPELINE_DEPTH
+    saved = p2p.SEGMENT_BYTES, p2p.MIN_SEGMENT_BYTES, p2p.PIPELINE_DEPTH
     try:
         for seg, depth in ((256, 4), (200, 1), (1024, 2)):
-            ring.SEGMENT_BYTES, ring.MIN_SEGMENT_BYTES, ring.PIPELINE_DEPTH = seg, 16, depth
+            p2p.SEGMENT_BYTES, p2p.MIN_SEGMENT_BYTES, p2p.PIPELINE_DEPTH = seg, 16, depth
             for n in (7, 1001, 3000):
                 x = _data(n, torch.float64, ReduceOp.SUM, seed=r + n)
                 want = x.clone()
@@ -224,7 +224,7 @@ def _pipelined(failures: list[str]) -> None:
                 _check(failures, f"ring_all_gather segments of {seg} B, n={n}", ring_all_gather(x),
                        torch.cat(everyone))
     finally:
-        ring.SEGMENT_BYTES, ring.MIN_SEGMENT_BYTES, ring.PIPELINE_DEPTH = saved
+        p2p.SEGMENT_BYTES, p2p.MIN_SEGMENT_BYTES, p2p.PIPELINE_DEPTH = saved
 
 
 def _rank_checks(sizes: list[int]) -> list[str]:

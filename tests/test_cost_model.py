@@ -10,6 +10,7 @@ import pytest
 
 from distlab.collectives import cost_model as cm
 from distlab.collectives.cost_model import MachineParams, predict
+from distlab.collectives.fit import PING_PONG_SIZES, fit_alpha_beta
 
 # Round numbers so that every expected value below can be checked by hand.
 M = MachineParams(alpha=10.0, beta=1.0, gamma=0.5)
@@ -144,9 +145,9 @@ def test_machine_params_repr_reads_in_microseconds_and_gigabytes_per_second():
 def test_fit_recovers_alpha_and_beta_from_noisy_synthetic_data():
     rng = np.random.default_rng(0)
     alpha, beta = 30e-6, 1 / 3e9
-    sizes = np.array(cm.PING_PONG_SIZES, dtype=float)
+    sizes = np.array(PING_PONG_SIZES, dtype=float)
     times = (alpha + beta * sizes) * rng.lognormal(0.0, 0.05, size=sizes.shape)  # 5 % noise
-    a, b = cm.fit_alpha_beta(sizes, times)
+    a, b = fit_alpha_beta(sizes, times)
     assert a == pytest.approx(alpha, rel=0.1)
     assert b == pytest.approx(beta, rel=0.1)
     # ordinary least squares would have let the 64 MB point decide alpha; the relative fit does not
@@ -156,7 +157,7 @@ def test_fit_recovers_alpha_and_beta_from_noisy_synthetic_data():
 
 def test_fit_pins_a_negative_intercept_to_zero():
     sizes = np.array([1e3, 1e4, 1e5])
-    a, b = cm.fit_alpha_beta(sizes, sizes * 1e-9 - 0.5e-6)  # a line whose intercept is -0.5 µs
+    a, b = fit_alpha_beta(sizes, sizes * 1e-9 - 0.5e-6)  # a line whose intercept is -0.5 µs
     assert a == 0.0 and 0 < b < 1e-9  # the 1 kB point, 2x off the line, pulls beta down
 
 
@@ -181,8 +182,8 @@ def test_fit_machine_on_two_ranks_returns_points_and_parameters():
     (lambda: predict("ring_all_reduce", 1, 4, M, ranks_per_node=2),
      "apply only to 'hierarchical_all_reduce'"),
     (lambda: MachineParams(alpha=-1.0, beta=1e-9), "MachineParams.alpha=-1.0 must be a finite number >= 0"),
-    (lambda: cm.fit_alpha_beta([1.0], [1.0]), "for at least two sizes"),
-    (lambda: cm.fit_alpha_beta([1.0, 2.0], [1.0, 0.0]), "times > 0 seconds"),
+    (lambda: fit_alpha_beta([1.0], [1.0]), "for at least two sizes"),
+    (lambda: fit_alpha_beta([1.0, 2.0], [1.0, 0.0]), "times > 0 seconds"),
     (lambda: cm.fit_machine(sizes=(0, 4)), "sizes=(0, 4) must hold at least two sizes >= 1 byte"),
 ])
 def test_bad_input_names_the_value_and_the_fix(call, message):

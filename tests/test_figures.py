@@ -16,7 +16,8 @@ import pytest
 from distlab import figures as book
 from distlab.collectives import cost_model
 from distlab.collectives import figures as F
-from distlab.collectives.ring import REDUCE_SCATTER, RingStep
+from distlab.collectives import traces as T
+from distlab.collectives.ring import REDUCE_SCATTER, RingStep, ring_all_reduce_schedule
 
 # The file names the book includes (.plan/LAYOUT.md, "Book figures").
 BOOK_FILES = {f"semantics-{c}.png" for c in ("broadcast", "scatter", "gather", "reduce", "all_reduce",
@@ -26,7 +27,7 @@ BOOK_FILES = {f"semantics-{c}.png" for c in ("broadcast", "scatter", "gather", "
 
 
 def full(p: int) -> tuple[str, ...]:
-    return tuple(F.letter(r) for r in range(p))
+    return tuple(T.letter(r) for r in range(p))
 
 
 def cell_texts(ax) -> dict[tuple[float, float], str]:
@@ -48,13 +49,13 @@ def cell_texts(ax) -> dict[tuple[float, float], str]:
      [[("a0",), ("b0",), ("c0",)], [("a1",), ("b1",), ("c1",)], [("a2",), ("b2",), ("c2",)]]),
 ])
 def test_apply_semantics(collective, buffers, root, expected):
-    assert F.apply_semantics(collective, buffers, root) == expected
+    assert T.apply_semantics(collective, buffers, root) == expected
 
 
 def test_sums_keep_every_term_and_compare_exactly():
-    twice = F.apply_semantics("all_reduce", [[("a", "b")], ["a"]])
+    twice = T.apply_semantics("all_reduce", [[("a", "b")], ["a"]])
     assert twice == [[("a", "a", "b")], [("a", "a", "b")]]  # a counted twice stays visible
-    swapped = F.apply_semantics("reduce_scatter", [["b1", "b0"], ["a1", "a0"]])
+    swapped = T.apply_semantics("reduce_scatter", [["b1", "b0"], ["a1", "a0"]])
     assert swapped == [[("a1", "b1")], [("a0", "b0")]]
 
 
@@ -68,14 +69,14 @@ def test_sums_keep_every_term_and_compare_exactly():
 ])
 def test_apply_semantics_errors_name_the_problem(args, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        F.apply_semantics(*args)
+        T.apply_semantics(*args)
 
 
 # --- the traces the pictures are drawn from ---------------------------------------------------------
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
 def test_ring_trace_ends_fully_reduced_and_moves_one_chunk_per_rank_per_step(p):
-    schedule, states = F.ring_all_reduce_trace(p)
+    schedule, states = T.ring_all_reduce_trace(p)
     assert len(schedule) == 2 * (p - 1) and len(states) == len(schedule) + 1
     assert states[-1] == [[full(p)] * p for _ in range(p)]  # every chunk on every rank: each rank once
     for k, step in enumerate(schedule):
@@ -93,42 +94,42 @@ def test_ring_trace_ends_fully_reduced_and_moves_one_chunk_per_rank_per_step(p):
 
 
 def test_a_wrong_schedule_draws_a_wrong_picture(monkeypatch):
-    right = F.ring_all_reduce_schedule(3)
-    monkeypatch.setattr(F, "ring_all_reduce_schedule", lambda p: right[:2])  # all-gather dropped
-    _, states = F.ring_all_reduce_trace(3)
+    right = ring_all_reduce_schedule(3)
+    monkeypatch.setattr(T, "ring_all_reduce_schedule", lambda p: right[:2])  # all-gather dropped
+    _, states = T.ring_all_reduce_trace(3)
     assert states[-1] != [[full(3)] * 3] * 3
     bad = [[RingStep(REDUCE_SCATTER, 0, 1, 1, 1), RingStep(REDUCE_SCATTER, 0, 0, 0, 0)]]
-    monkeypatch.setattr(F, "ring_all_reduce_schedule", lambda p: bad)
+    monkeypatch.setattr(T, "ring_all_reduce_schedule", lambda p: bad)
     with pytest.raises(ValueError, match="rank 0 expects chunk 1 from rank 1, which sends chunk 0 to rank 0"):
-        F.ring_all_reduce_trace(2)
+        T.ring_all_reduce_trace(2)
 
 
 def test_binomial_broadcast_reaches_every_rank_once_from_a_holder():
-    assert F.binomial_broadcast_steps(8) == [[(0, 4)], [(0, 2), (4, 6)], [(0, 1), (2, 3), (4, 5), (6, 7)]]
+    assert T.binomial_broadcast_steps(8) == [[(0, 4)], [(0, 2), (4, 6)], [(0, 1), (2, 3), (4, 5), (6, 7)]]
     for p in range(1, 12):
         for root in (0, p - 1):
             have, received = {root}, []
-            for pairs in F.binomial_broadcast_steps(p, root):
+            for pairs in T.binomial_broadcast_steps(p, root):
                 assert all(src in have for src, _ in pairs)
                 received += [dst for _, dst in pairs]
                 have |= {dst for _, dst in pairs}
             assert sorted(received) == sorted(set(range(p)) - {root})
-            assert len(F.binomial_broadcast_steps(p, root)) == (p - 1).bit_length()
+            assert len(T.binomial_broadcast_steps(p, root)) == (p - 1).bit_length()
 
 
 def test_recursive_doubling_pairs_and_non_powers_of_two():
-    assert F.recursive_doubling_steps(8) == [
+    assert T.recursive_doubling_steps(8) == [
         ("exchange", [(0, 1), (2, 3), (4, 5), (6, 7)]), ("exchange", [(0, 2), (1, 3), (4, 6), (5, 7)]),
         ("exchange", [(0, 4), (1, 5), (2, 6), (3, 7)])]
-    assert F.recursive_doubling_steps(6) == [
+    assert T.recursive_doubling_steps(6) == [
         ("fold", [(0, 1), (2, 3)]), ("exchange", [(1, 3), (4, 5)]), ("exchange", [(1, 4), (3, 5)]),
         ("unfold", [(1, 0), (3, 2)])]
     for p in range(1, 13):
-        assert F.recursive_doubling_trace(p)[-1] == [full(p)] * p, p
+        assert T.recursive_doubling_trace(p)[-1] == [full(p)] * p, p
 
 
 def test_hierarchical_trace_follows_the_three_phases():
-    phases = F.hierarchical_all_reduce_trace(2, 4)
+    phases = T.hierarchical_all_reduce_trace(2, 4)
     assert [len(rows) for _, rows, _ in phases] == [8] * 4
     (_, start, _), (_, one, up), (_, two, ring), (_, three, down) = phases
     assert one[0] == [("A", "B", "C", "D")] and one[4] == [("E", "F", "G", "H")] and one[1] == start[1]
@@ -139,13 +140,13 @@ def test_hierarchical_trace_follows_the_three_phases():
 
 # --- the figures ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("collective", F.COLLECTIVES)
+@pytest.mark.parametrize("collective", T.COLLECTIVES)
 def test_semantics_figure_draws_the_computed_after(collective):
     fig = F.semantics_figure(collective, p=4)
     before, after = fig.axes
     assert before.get_title(loc="left") == "before" and after.get_title(loc="left") == "after"
     assert collective in fig._suptitle.get_text()
-    rows = F.apply_semantics(collective, F.example_buffers(collective, 4))
+    rows = T.apply_semantics(collective, T.example_buffers(collective, 4))
     texts = cell_texts(after)
     for r, row in enumerate(rows):
         drawn = [texts[(c + 0.46, -float(r))] for c in range(len(row))]

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 
 from distlab.collectives import figures as collectives
 from distlab.collectives.cost_model import MachineParams
+from distlab.collectives.traces import COLLECTIVES
 
 
 class BookFigure(NamedTuple):
@@ -41,7 +42,7 @@ def cost_model_example() -> Figure:
 BOOK_FIGURES: tuple[BookFigure, ...] = (
     # Chapter 1: collectives
     *(BookFigure(f"semantics-{c}.png", partial(collectives.semantics_figure, c, 4), f"{c} on 4 ranks")
-      for c in collectives.COLLECTIVES),
+      for c in COLLECTIVES),
     BookFigure("ring-all-reduce-steps.png", partial(collectives.ring_all_reduce_steps_figure, 4),
                "every step of ring all-reduce on 4 ranks"),
     BookFigure("binomial-tree-broadcast.png", partial(collectives.binomial_tree_figure, 8),

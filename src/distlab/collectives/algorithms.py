@@ -2,8 +2,9 @@
 
 Every function runs inside a rank, uses only torch.distributed send/recv/isend/irecv on the default
 group, and takes `ranks` (the participating global ranks; None = all), so that algorithms compose.
-The ring algorithms live in `ring.py`. Costs use the alpha-beta-gamma model: alpha per message, beta
-per byte sent, gamma per byte reduced; n is the message size in bytes and p the number of ranks.
+The ring algorithms live in `ring.py`, and the point-to-point helpers every algorithm shares in `p2p.py`.
+Costs use the alpha-beta-gamma model: alpha per message, beta per byte sent, gamma per byte reduced; n is
+the message size in bytes and p the number of ranks.
 
 Sources: Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication operations in
 MPICH" (binomial trees, recursive doubling, pairwise exchange); Patarasuk & Yuan 2009 (the ring).
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from distlab.collectives.ring import (
+from distlab.collectives.p2p import (
     exchange_reduce,
     flatten,
     participants,
@@ -27,12 +28,10 @@ from distlab.collectives.ring import (
     receive_pool,
     recv_all,
     reducer,
-    ring_all_gather,
-    ring_all_reduce,
-    ring_reduce_scatter,
     send_all,
     write_back,
 )
+from distlab.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 # Dtype codes and the largest number of dimensions scatter's shape header can carry.
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -48,8 +47,10 @@ def _subtree(vr: int, p: int) -> int:
 def tree_broadcast(tensor: torch.Tensor, src: int = 0, ranks: Sequence[int] | None = None) -> torch.Tensor:
     """Binomial-tree broadcast from global rank `src`, in place (MPICH; Thakur et al. 2005).
 
-    In round k the ranks that already hold the data send it 2^k further on, so the data reaches
-    all p ranks in ceil(log2 p) rounds. Cost: ceil(log2 p) (alpha + n beta).
+    Ranks are counted from the root (relative rank v = (pos - root) mod p). With L = ceil(log2 p), in
+    round k = 0 .. L-1 every rank that already holds the data sends it 2^(L-1-k) ranks further on: half
+    of the largest power of two >= p first, then a quarter, ..., then 1 (on 8 ranks: 0->4; 0->2, 4->6;
+    0->1, 2->3, 4->5, 6->7). So the data reaches all p ranks in L rounds. Cost: ceil(log2 p) (alpha + n beta).
     """
     group, pos = participants(ranks)
     root = position_of(group, src, "src")
