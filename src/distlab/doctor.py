@@ -205,15 +205,17 @@ def nccl_warnings(torch_nccl: str | None, loaded: str | None, pip: dict[str, str
 def plan_lab_runs(n_gpus: int, cpu_cores: int, nccl_available: bool = True) -> list[LabRun]:
     """The world sizes the labs use and the backend ``launch.run(..., backend="auto")`` picks for each.
 
-    The launcher's rule (``launch.resolve_backend``): NCCL with one GPU per rank when torch has NCCL and at
+    The launcher's rule (``launch.choose_backend``): NCCL with one GPU per rank when torch has NCCL and at
     least ``world_size`` CUDA GPUs are visible, otherwise gloo with every rank a CPU process. The labs use
     2 and 4 ranks, and on GPUs powers of two up to the GPU count, and the GPU count itself.
     """
+    from distlab.launch import choose_backend  # here, not at the top: doctor must run even if torch is broken
+
     sizes = set(CPU_WORLD_SIZES) | ({n_gpus} if n_gpus else set())
     sizes |= {2**k for k in range(1, 8) if 2**k <= n_gpus}
     runs = []
     for size in sorted(sizes):
-        if size <= n_gpus and nccl_available:
+        if choose_backend(size, n_gpus, nccl_available) == "nccl":
             runs.append(LabRun(size, "nccl", f"one GPU per rank (cuda:0..cuda:{size - 1})"))
         elif size <= cpu_cores:
             runs.append(LabRun(size, "gloo", "CPU processes, one core each"))

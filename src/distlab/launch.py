@@ -105,15 +105,20 @@ def device() -> torch.device:
 # Choosing the backend and initialising a rank (shared by `run` and `under_torchrun`)
 # --------------------------------------------------------------------------------------------------
 
+def choose_backend(world_size: int, gpus: int, nccl_available: bool) -> str:
+    """The "auto" rule: NCCL when torch has it and there is one CUDA GPU per rank, otherwise gloo."""
+    return "nccl" if nccl_available and gpus >= world_size else "gloo"
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
-    """Turn "auto" into "nccl" (one CUDA GPU per rank is visible) or "gloo"; check a forced choice."""
+    """Turn "auto" into "nccl" or "gloo" for this machine (`choose_backend`); check a forced choice."""
     if backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"backend={backend!r} is not known; use 'auto', 'gloo' (CPU) or 'nccl' (GPUs)")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    nccl_ok = dist.is_nccl_available() and gpus >= world_size
+    auto = choose_backend(world_size, gpus, dist.is_nccl_available())
     if backend == "auto":
-        return "nccl" if nccl_ok else "gloo"
-    if backend == "nccl" and not nccl_ok:
+        return auto
+    if backend == "nccl" and auto != "nccl":
         why = "this torch build has no NCCL" if not dist.is_nccl_available() else f"{gpus} are visible"
         raise ValueError(
             f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size} but {why}; "
