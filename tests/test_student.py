@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab.student import STUB, strip_solutions, student_notebook
+from distlab.student import BEGIN, STUB, strip_solutions, student_notebook
 
 LABS = sorted(Path(__file__).resolve().parents[1].glob("labs/[0-9][0-9]_*.ipynb"))
 
@@ -78,3 +78,12 @@ def test_every_lab_has_a_clean_student_version(lab, tmp_path):
     code = ["".join(c["source"]) for c in student["cells"] if c["cell_type"] == "code"]
     assert not any("# BEGIN SOLUTION" in c or "# END SOLUTION" in c for c in code)
     assert all(c.get("outputs", []) == [] for c in student["cells"])
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.name for p in LABS])
+def test_solution_cells_are_collapsed_in_the_book(lab):
+    cells = json.loads(lab.read_text())["cells"]
+    solved = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and BEGIN in "".join(c["source"])]
+    assert solved, f"{lab.name} has no exercise with a worked solution"
+    unhidden = [i for i in solved if "hide-input" not in cells[i]["metadata"].get("tags", [])]
+    assert not unhidden, f"{lab.name}: cells {unhidden} hold a solution but lack the 'hide-input' tag"
