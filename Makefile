@@ -15,7 +15,7 @@ help:
 	@echo "make test   run the whole suite: unit tests, every lab notebook (nbval), the book build"
 	@echo "make book   draw the figures and build the book into _build/html"
 	@echo "make student  write the student versions of the labs (solutions stubbed) into _build/student"
-	@echo "make lint   ruff check src tests"
+	@echo "make lint   ruff check src tests labs"
 	@echo "make clean  remove build outputs (keeps .venv; 'rm -rf .venv' to start over)"
 
 env: $(STAMP)
@@ -52,7 +52,7 @@ student: $(STAMP)
 	$(BIN)/python -m distlab.student labs/[0-9][0-9]_*.ipynb --out _build/student
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests labs
 
 clean:
 	rm -rf _build book/figures .pytest_cache .ruff_cache

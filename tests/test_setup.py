@@ -7,6 +7,7 @@ These checks are cheap and run without starting any rank.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -170,3 +171,11 @@ def test_make_targets_and_ci_script_exist() -> None:
     ci = ROOT / ".ci" / "run"
     assert ci.is_file() and ci.stat().st_mode & 0o111, ".ci/run must exist and be executable"
     assert "make test" in ci.read_text(encoding="utf-8"), ".ci/run must run 'make test'"
+
+
+def test_code_and_labs_are_ruff_clean():
+    """The style rules hold in CI, not only when someone runs `make lint`."""
+    ruff = Path(sys.executable).with_name("ruff")
+    out = subprocess.run([str(ruff), "check", "src", "tests", "labs"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
