@@ -85,6 +85,14 @@ def test_output_is_grouped_by_rank_even_when_ranks_print_out_of_order(capsys):
     assert out == expected
 
 
+@pytest.mark.parametrize("world, gpus, nccl, expected", [
+    (2, 2, True, "nccl"), (2, 4, True, "nccl"), (4, 2, True, "gloo"), (1, 0, True, "gloo"),
+    (2, 8, False, "gloo"),
+])
+def test_choose_backend_needs_nccl_and_one_gpu_per_rank(world, gpus, nccl, expected):
+    assert launch.choose_backend(world, gpus, nccl) == expected
+
+
 def test_auto_backend_is_gloo_without_gpus():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA GPUs")

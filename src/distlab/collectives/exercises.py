@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from distlab.collectives.ring import chunk_bounds
+
 MAX_RANKS = 8  # 4**8 * 8 * 31 < 2**24 and 8**5 * 5 * 31 < 2**24: sums of up to MAX_COUNT elements
 MAX_COUNT = 30  # on up to MAX_RANKS ranks are exact in float32
 
@@ -77,18 +79,12 @@ def _signature(got: float, want: float, i: int, rank: int, p: int) -> tuple:
 
 def _where(a: int, b: int, n: int, parts: int | None) -> str:
     if parts is not None:
-        for k, (lo, hi) in enumerate(_bounds(n, parts)):
+        for k, (lo, hi) in enumerate(chunk_bounds(n, parts)):
             if (a, b) == (lo, hi):
                 return f"chunk {k} (elements {a}:{b})"
             if lo <= a and b <= hi:
                 return f"elements {a}:{b} of chunk {k}"
     return "the whole tensor" if (a, b) == (0, n) and parts is None else f"elements {a}:{b}"
-
-
-def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    from distlab.collectives.ring import chunk_bounds
-
-    return chunk_bounds(n, parts)
 
 
 def _two_level_hint(rank: int, present: list[int], p: int, ranks_per_node: int) -> str:
@@ -173,7 +169,7 @@ def _diagnose(rank: int, p: int, n: int, original, got, expected, returned: Any,
                            "input): nothing was reduced into it"]
     runs: list[tuple[tuple, int, int]] = []
     parts = p if ranks_per_node is None else None
-    chunks = _bounds(n, parts) if parts else [(0, n)]
+    chunks = chunk_bounds(n, parts) if parts else [(0, n)]
     for i, sig in enumerate(sigs):  # consecutive elements with the same story, never across chunks
         new_chunk = any(lo == i for lo, _ in chunks)
         if runs and runs[-1][0] == sig and not new_chunk:
