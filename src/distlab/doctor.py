@@ -2,7 +2,9 @@
 
 Call :func:`report` for the facts as a :class:`Report`, or :func:`print_report` to show them. Every probe is
 guarded: a machine without a GPU, nvidia-smi, InfiniBand or /proc still gets a full report. The file-system
-roots and the nvidia-smi runner are parameters, so that tests can feed fake trees and fake output.
+roots and the nvidia-smi runner are parameters, so that tests can feed fake trees and fake output. The
+probes of the hardware itself (nvidia-smi, NVLink, /sys/class/infiniband, meminfo) are those of
+`distlab.hardware.probe`, re-exported here.
 
 NCCL shows up three times, and they can disagree: the version torch was compiled against
 (``torch.cuda.nccl.version()`` reads NCCL's headers at build time), the ``nvidia-nccl-cu12`` pip package,
@@ -20,13 +22,19 @@ import json
 import os
 import platform
 import re
-import shutil
-import subprocess
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SmiRunner = Callable[[Sequence[str]], "str | None"]
+from distlab.hardware.probe import (  # the machine probes live in distlab.hardware.probe (chapter 8)
+    IBDevice,
+    IBPort,  # noqa: F401 - re-exported: doctor.IBPort is what read_infiniband returns
+    SmiRunner,
+    read_infiniband,
+    read_meminfo,
+    run_nvidia_smi,
+    summarize_nvlink,
+)
+
 NCCL_PIP_PACKAGES = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
 CPU_WORLD_SIZES = (2, 4)
 NO_GPU = "No CUDA GPU visible: the labs run ranks as CPU processes on the gloo backend."
@@ -40,22 +48,6 @@ class GPU:
     memory_gib: float
     compute_capability: str
     multiprocessors: int
-
-
-@dataclass(frozen=True)
-class IBPort:
-    """One port of an RDMA device: ``link_layer`` is InfiniBand, or Ethernet for RoCE."""
-    port: int
-    state: str
-    rate: str
-    link_layer: str
-
-
-@dataclass(frozen=True)
-class IBDevice:
-    """One device under /sys/class/infiniband (an InfiniBand HCA or a RoCE NIC)."""
-    name: str
-    ports: list[IBPort]
 
 
 @dataclass(frozen=True)
@@ -104,49 +96,6 @@ class Report:
 
     def _repr_markdown_(self) -> str:
         return "```text\n" + render(self) + "\n```"
-
-
-def run_nvidia_smi(args: Sequence[str], executable: str = "nvidia-smi", timeout: float = 5.0) -> str | None:
-    """Output of ``nvidia-smi *args``, or None when it is absent, fails or takes longer than ``timeout`` s."""
-    path = shutil.which(executable)
-    if path is None:
-        return None
-    try:
-        done = subprocess.run([path, *args], capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    text = done.stdout.strip()
-    return text if done.returncode == 0 and text else None
-
-
-def read_infiniband(root: str | os.PathLike = "/sys/class/infiniband") -> list[IBDevice]:
-    """Parse the RDMA devices in a /sys/class/infiniband tree (missing or unreadable: no devices)."""
-    def read(path: Path) -> str:
-        try:
-            return path.read_text().strip()
-        except OSError:
-            return "unknown"
-
-    devices = []
-    for dev in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
-        numbered = [p for p in (dev / "ports").glob("*") if p.name.isdigit()]
-        ports = [IBPort(int(p.name), read(p / "state").split(":")[-1].strip(),  # state reads "4: ACTIVE"
-                        read(p / "rate"), read(p / "link_layer")) for p in numbered]
-        devices.append(IBDevice(dev.name, sorted(ports, key=lambda port: port.port)))
-    return devices
-
-
-def read_meminfo(path: str | os.PathLike = "/proc/meminfo") -> dict[str, float]:
-    """MemTotal and MemAvailable in GiB from /proc/meminfo (empty where the file is absent)."""
-    out: dict[str, float] = {}
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("MemTotal", "MemAvailable") and value.split():
-                out[key] = round(int(value.split()[0]) / 2**20, 2)  # the file counts kB
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def find_loaded_nccl(maps: str | os.PathLike = "/proc/self/maps") -> str | None:
@@ -223,20 +172,6 @@ def plan_lab_runs(n_gpus: int, cpu_cores: int, nccl_available: bool = True) -> l
             runs.append(LabRun(size, "gloo", f"CPU processes sharing {cpu_cores} core(s): timings are "
                                              "contended, so compare algorithms, not absolute numbers"))
     return runs
-
-
-def summarize_nvlink(status: str) -> list[str]:
-    """One line per GPU from ``nvidia-smi nvlink --status``: how many links are up and at what speed."""
-    gpus: list[tuple[str, list[str], int]] = []
-    for line in status.splitlines():
-        if line.startswith("GPU "):
-            gpus.append((line.split("(UUID")[0].strip(), [], 0))
-        elif gpus and re.search(r"Link \d+:", line):
-            speed = re.search(r"Link \d+:\s*([\d.]+\s*GB/s)", line)
-            name, up, down = gpus[-1]
-            gpus[-1] = (name, up + [speed.group(1)] if speed else up, down + (0 if speed else 1))
-    return [f"{name}: {len(up)} link(s) up" + (f" at {up[0]} each" if up and len(set(up)) == 1 else "")
-            + (f", {down} inactive" if down else "") for name, up, down in gpus] or status.splitlines()
 
 
 def _torch_facts() -> dict:

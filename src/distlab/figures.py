@@ -21,6 +21,8 @@ from matplotlib.figure import Figure
 from distlab.collectives import figures as collectives
 from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
+from distlab.hardware import figures as hardware
+from distlab.tensor_parallel import figures as tensor_parallel
 
 
 class BookFigure(NamedTuple):
@@ -53,6 +55,26 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the phases of the two-level all-reduce, 2 nodes x 4 ranks"),
     BookFigure("cost-model-algorithms.png", cost_model_example,
                "predicted all-reduce time vs message size, example parameters"),
+    # Chapter 5: tensor parallelism
+    BookFigure("tp-matmul-splits.png", tensor_parallel.split_figure,
+               "which rank holds which block of X, A and Y for the column and the row split, 4 ranks"),
+    BookFigure("tp-qkv-shards.png", tensor_parallel.qkv_shard_figure,
+               "rows of the packed c_attn weight per rank: by heads vs naive blocks, 4 heads, 2 ranks"),
+    BookFigure("tp-comm-volume.png", tensor_parallel.comm_volume_figure,
+               "bytes per rank per layer vs hidden size, sequence length and TP size; pipeline for scale"),
+    BookFigure("tp-link-time.png", tensor_parallel.link_time_figure,
+               "per-layer compute at peak vs TP all-reduce time on NVLink and InfiniBand"),
+    BookFigure("tp-sequence-parallel.png", tensor_parallel.sequence_parallel_figure,
+               "one layer under sequence parallelism: regions, their splits, the collectives between"),
+    # Chapter 8: the hardware underneath
+    BookFigure("hw-bandwidth-generations.png", hardware.bandwidth_generations_figure,
+               "per-direction GB/s of PCIe, NVLink and InfiniBand generations, from the catalog"),
+    BookFigure("hw-dgx1-cube-mesh.png", hardware.cube_mesh_figure,
+               "the DGX-1 hybrid cube-mesh and a ring through it, bottleneck marked"),
+    BookFigure("hw-all-reduce-vs-size.png", hardware.all_reduce_vs_size_figure,
+               "predicted all-reduce time vs size: flat ring, two-level ring, tree on 4 DGX A100"),
+    BookFigure("hw-all-reduce-vs-nodes.png", hardware.all_reduce_vs_nodes_figure,
+               "predicted all-reduce time vs number of DGX A100 servers"),
 )
 
 

@@ -1,0 +1,20 @@
+"""Chapter 8: the hardware underneath -- PCIe, NVLink, NVSwitch, InfiniBand/RDMA.
+
+One idea per file:
+- `catalog`: the specifications as data (PCIe, NVLink, NVSwitch generations, GPUs, servers, InfiniBand
+  rates), each row with its source; `lookup`, `markdown_table`.
+- `probe`: what this machine has (GPUs, interconnect matrix, PCIe links, RDMA ports, NUMA nodes);
+  `distlab doctor` uses it.
+- `bench`: host, host-device, device, peer-to-peer and collective bandwidth, each beside the catalog's
+  figure (`python -m distlab.hardware.bench --out FILE.json`).
+- `simulate`: topologies as graphs and the predicted all-reduce time of a flat ring, a two-level ring and
+  a tree on them; the bottleneck link of a ring.
+- `exercises`: checks that diagnose unit and factor mistakes; `figures`: the book's pictures and the
+  ipywidgets explorer.
+
+Importing this package imports neither torch nor matplotlib (`distlab doctor` must run without them).
+"""
+
+from distlab.hardware import catalog, probe
+
+__all__ = ["catalog", "probe"]

@@ -1,0 +1,282 @@
+"""Interconnect and GPU specifications as data: one table per technology, each row with its source.
+
+Every number the book's tables, the simulator and the benchmark's "% of spec" column use lives here, once.
+Each row names the bibliography key of the document it comes from (book/references.bib) and a note on
+direction and units. Conventions, stated once and kept everywhere:
+
+- ``_GBps`` is gigabytes per second (1 GB = 1e9 bytes), ``_Gbps`` gigabits per second; 1 GB/s = 8 Gb/s.
+- ``per_direction`` means one way; a full-duplex link carries that much *each* way at once, and vendors'
+  "bidirectional" or "total" figures are the sum of both directions, twice the per-direction figure.
+- Derived figures (per-GPU NVLink totals, a PCIe x16 link in GB/s) are properties computed from the
+  stored per-lane or per-link figures, so that the headline numbers vendors print are checked, not typed.
+
+`lookup(table, name)` finds a row by name (case-insensitive) and names the known rows when it cannot;
+`markdown_table(table)` renders a table for the book (tests check that the book prints exactly that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PCIeGen:
+    """One PCI Express generation (PCI-SIG base specifications)."""
+
+    name: str
+    gt_per_s: float  # transfers per second per lane, in GT/s (one bit per transfer up to 5.0, NRZ)
+    encoding: str
+    efficiency: float  # payload bits / line bits of the encoding (1.0: not subtracted, see note)
+    source: str
+    note: str
+
+    @property
+    def lane_GBps_per_direction(self) -> float:
+        """Usable GB/s of one lane, one direction: GT/s x encoding efficiency / 8 bits per byte."""
+        return self.gt_per_s * self.efficiency / 8
+
+    def link_GBps_per_direction(self, lanes: int = 16) -> float:
+        """GB/s of an x`lanes` link, one direction."""
+        if lanes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"lanes={lanes!r} is not a PCIe link width; use 1, 2, 4, 8 or 16")
+        return lanes * self.lane_GBps_per_direction
+
+
+@dataclass(frozen=True)
+class NVLinkGen:
+    """One NVLink generation as used by its first data-centre GPU."""
+
+    name: str
+    gpu: str
+    links_per_gpu: int
+    link_GBps_per_direction: float
+    source: str
+    note: str
+
+    @property
+    def link_GBps_bidirectional(self) -> float:
+        """One link, both directions added (the figure NVIDIA quotes per link)."""
+        return 2 * self.link_GBps_per_direction
+
+    @property
+    def gpu_GBps_per_direction(self) -> float:
+        """All of one GPU's links, one direction."""
+        return self.links_per_gpu * self.link_GBps_per_direction
+
+    @property
+    def gpu_GBps_bidirectional(self) -> float:
+        """All of one GPU's links, both directions added (NVIDIA's headline figure per GPU)."""
+        return 2 * self.gpu_GBps_per_direction
+
+
+@dataclass(frozen=True)
+class NVSwitchGen:
+    """One NVSwitch generation: an NVLink crossbar chip."""
+
+    name: str
+    nvlink: str  # name of the NVLinkGen row its ports speak
+    ports: int | None  # None: not verified against a source here
+    first_server: str
+    source: str
+    note: str
+
+    def switch_GBps_bidirectional(self) -> float | None:
+        """All ports, both directions added: ports x one link's bidirectional GB/s."""
+        link = lookup("nvlink", self.nvlink)
+        return None if self.ports is None else self.ports * link.link_GBps_bidirectional
+
+
+@dataclass(frozen=True)
+class GPU:
+    """The compute side of one data-centre GPU (SXM form factor), enough for the cost models."""
+
+    name: str
+    architecture: str
+    sms: int
+    fp32_cores: int
+    tensor_cores: int
+    dense_16bit_tflops: float  # peak dense FP16/BF16 (Tensor Cores where present), no sparsity
+    memory_GBps: float  # peak HBM bandwidth, reads and writes together
+    nvlink: str
+    pcie: str
+    source: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Server:
+    """One multi-GPU server: how its GPUs are wired together and to the network."""
+
+    name: str
+    gpu: str
+    gpus: int
+    gpu_fabric: str  # "hybrid cube-mesh", or "NVSwitch" (every GPU one hop from every other)
+    nvswitch: str | None
+    nvswitches: int | None
+    nics: int | None  # network ports for GPU traffic (InfiniBand HCAs)
+    nic_Gbps: float | None  # per NIC, per direction, Gb/s
+    source: str
+    note: str
+
+    @property
+    def nic_GBps_per_direction(self) -> float | None:
+        """One NIC, one direction, in GB/s (Gb/s / 8)."""
+        return None if self.nic_Gbps is None else self.nic_Gbps / 8
+
+
+@dataclass(frozen=True)
+class InfiniBandSpeed:
+    """One InfiniBand data rate (InfiniBand Trade Association roadmap)."""
+
+    name: str
+    lane_signal_Gbps: float | None  # line rate of one lane, before encoding (None: not verified here)
+    encoding: str
+    lane_data_Gbps: float  # payload rate of one lane after encoding, one direction
+    x4_Gbps: float  # the rate a 4x port is sold as, one direction
+    source: str
+    note: str
+
+    @property
+    def x4_data_GBps_per_direction(self) -> float:
+        """Payload GB/s of a 4x port, one direction: 4 lanes x lane data rate / 8."""
+        return 4 * self.lane_data_Gbps / 8
+
+
+_DIR = "per direction; "
+_BOTH = "both directions, all ports"
+TABLES: dict[str, tuple[Any, ...]] = {
+    "pcie": (
+        PCIeGen("PCIe 1.0", 2.5, "8b/10b", 8 / 10, "pcisig2019pcie5", _DIR + "x16 = 4 GB/s each way"),
+        PCIeGen("PCIe 2.0", 5.0, "8b/10b", 8 / 10, "pcisig2019pcie5", _DIR + "x16 = 8 GB/s each way"),
+        PCIeGen("PCIe 3.0", 8.0, "128b/130b", 128 / 130, "pcisig2019pcie5", _DIR + "P100, V100 host link"),
+        PCIeGen("PCIe 4.0", 16.0, "128b/130b", 128 / 130, "pcisig2019pcie5", _DIR + "A100 host link"),
+        PCIeGen("PCIe 5.0", 32.0, "128b/130b", 128 / 130, "pcisig2019pcie5", _DIR + "H100 host link"),
+        PCIeGen("PCIe 6.0", 64.0, "PAM4, FLIT + FEC", 1.0, "pcisig2022pcie6",
+                _DIR + "raw rate; the FLIT/FEC overhead is not subtracted"),
+    ),
+    "nvlink": (
+        NVLinkGen("NVLink 1", "P100", 4, 20.0, "nvidia2016p100", "160 GB/s per GPU is both directions"),
+        NVLinkGen("NVLink 2", "V100", 6, 25.0, "nvidia2017v100", "300 GB/s per GPU is both directions"),
+        NVLinkGen("NVLink 3", "A100", 12, 25.0, "nvidia2021a100", "600 GB/s per GPU is both directions"),
+        NVLinkGen("NVLink 4", "H100", 18, 25.0, "nvidia2023h100", "900 GB/s per GPU is both directions"),
+        NVLinkGen("NVLink 5", "Blackwell", 18, 50.0, "nvidia2024nvlink",
+                  "100 GB/s per link and 1.8 TB/s per GPU are both directions"),
+    ),
+    "nvswitch": (
+        NVSwitchGen("NVSwitch 1", "NVLink 2", 18, "DGX-2", "nvidia2018nvswitch", _BOTH),
+        NVSwitchGen("NVSwitch 2", "NVLink 3", None, "DGX A100", "nvidia2020ampere",
+                    "six per DGX A100; every A100 reaches every other at 600 GB/s (both directions)"),
+        NVSwitchGen("NVSwitch 3", "NVLink 4", 64, "DGX H100", "nvidia2022nvswitch3",
+                    "both directions, all ports; adds NVLink SHARP (in-switch reduction)"),
+        NVSwitchGen("NVLink Switch", "NVLink 5", 144, "GB200 NVL72", "nvidia2024nvlink",
+                    "both directions, all ports; SHARP engines"),
+    ),
+    "gpu": (
+        GPU("P100", "Pascal", 56, 3584, 0, 21.2, 720.0, "NVLink 1", "PCIe 3.0", "nvidia2016p100",
+            "no Tensor Cores: 21.2 TFLOPS is FP16 on the CUDA cores"),
+        GPU("V100", "Volta", 80, 5120, 640, 125.0, 900.0, "NVLink 2", "PCIe 3.0", "nvidia2017v100",
+            "125 TFLOPS: Tensor Core FP16 with FP32 accumulate"),
+        GPU("A100", "Ampere", 108, 6912, 432, 312.0, 1555.0, "NVLink 3", "PCIe 4.0", "nvidia2020ampere",
+            "40 GB SXM4; 624 TFLOPS with 2:4 sparsity"),
+        GPU("H100", "Hopper", 132, 16896, 528, 989.4, 3350.0, "NVLink 4", "PCIe 5.0", "nvidia2022hopper",
+            "SXM5; 1979 TFLOPS with 2:4 sparsity; 3.35 TB/s HBM3 per the datasheet"),
+    ),
+    "server": (
+        Server("DGX-1", "V100", 8, "hybrid cube-mesh", None, 0, 4, 100.0, "nvidia2017dgx1",
+               "NICs: 100 Gb/s InfiniBand, each shared by two GPUs"),
+        Server("DGX-2", "V100", 16, "NVSwitch", "NVSwitch 1", 12, 8, 100.0, "nvidia2018nvswitch",
+               "two baseboards of 8 GPUs and 6 NVSwitches"),
+        Server("DGX A100", "A100", 8, "NVSwitch", "NVSwitch 2", 6, 8, 200.0, "nvidia2020dgxa100",
+               "HDR InfiniBand, one NIC per GPU behind a shared PCIe switch"),
+        Server("DGX H100", "H100", 8, "NVSwitch", "NVSwitch 3", 4, 8, 400.0, "nvidia2023dgxh100",
+               "NDR InfiniBand (ConnectX-7), one NIC per GPU, OSFP cages"),
+        Server("GB200 NVL72", "Blackwell", 72, "NVSwitch", "NVLink Switch", None, None, None,
+               "nvidia2024nvlink", "one NVLink domain of 72 GPUs, 130 TB/s in all (both directions)"),
+    ),
+    "infiniband": (
+        InfiniBandSpeed("SDR", 2.5, "8b/10b", 2.0, 10.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("DDR", 5.0, "8b/10b", 4.0, 20.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("QDR", 10.0, "8b/10b", 8.0, 40.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("FDR", 14.0625, "64b/66b", 14.0625 * 64 / 66, 56.0, "ibta2024roadmap",
+                        "Gb/s, per direction; sold as 56 (the signalling rate)"),
+        InfiniBandSpeed("EDR", 25.78125, "64b/66b", 25.0, 100.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("HDR", 53.125, "PAM4 + FEC", 50.0, 200.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("NDR", 106.25, "PAM4 + FEC", 100.0, 400.0, "ibta2024roadmap", "Gb/s, per direction"),
+        InfiniBandSpeed("XDR", None, "PAM4 + FEC", 200.0, 800.0, "ibta2024roadmap", "Gb/s, per direction"),
+    ),
+}
+
+COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {  # (header, attribute or property, format)
+    "pcie": (("generation", "name", "s"), ("GT/s per lane", "gt_per_s", "g"), ("encoding", "encoding", "s"),
+             ("GB/s per lane, per direction", "lane_GBps_per_direction", ".3f"),
+             ("GB/s x16, per direction", "x16", ".2f"), ("source", "source", "cite")),
+    "nvlink": (("generation", "name", "s"), ("first GPU", "gpu", "s"),
+               ("links per GPU", "links_per_gpu", "d"),
+               ("GB/s per link, per direction", "link_GBps_per_direction", "g"),
+               ("GB/s per GPU, per direction", "gpu_GBps_per_direction", "g"),
+               ("GB/s per GPU, both directions", "gpu_GBps_bidirectional", "g"),
+               ("source", "source", "cite")),
+    "nvswitch": (("generation", "name", "s"), ("NVLink", "nvlink", "s"), ("ports", "ports", "d"),
+                 ("GB/s all ports, both directions", "switch", "g"), ("first server", "first_server", "s"),
+                 ("source", "source", "cite")),
+    "gpu": (("GPU", "name", "s"), ("architecture", "architecture", "s"), ("SMs", "sms", "d"),
+            ("FP32 cores", "fp32_cores", "d"), ("Tensor Cores", "tensor_cores", "d"),
+            ("dense FP16/BF16 TFLOPS", "dense_16bit_tflops", "g"), ("HBM GB/s", "memory_GBps", "g"),
+            ("NVLink", "nvlink", "s"), ("PCIe", "pcie", "s"), ("source", "source", "cite")),
+    "server": (("server", "name", "s"), ("GPUs", "gpus", "s"), ("GPU fabric", "gpu_fabric", "s"),
+               ("NVSwitch chips", "nvswitches", "s"), ("NICs for GPU traffic", "nics", "s"),
+               ("Gb/s per NIC, per direction", "nic_Gbps", "g"), ("source", "source", "cite")),
+    "infiniband": (("rate", "name", "s"), ("Gb/s per lane, signalling", "lane_signal_Gbps", ".7g"),
+                   ("encoding", "encoding", "s"), ("Gb/s per lane, data", "lane_data_Gbps", ".4g"),
+                   ("Gb/s 4x port", "x4_Gbps", "g"), ("GB/s 4x port, per direction", "x4_data_GBps", ".4g"),
+                   ("source", "source", "cite")),
+}
+
+
+def _check_table(table: str) -> tuple[Any, ...]:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; choose one of {', '.join(TABLES)}")
+    return TABLES[table]
+
+
+def names(table: str) -> list[str]:
+    """The row names of `table`, in order."""
+    return [row.name for row in _check_table(table)]
+
+
+def lookup(table: str, name: str) -> Any:
+    """The row of `table` called `name` (case and spaces ignored); ValueError listing the names if absent."""
+    rows = _check_table(table)
+    key = "".join(str(name).lower().split())
+    for row in rows:
+        if "".join(row.name.lower().split()) == key:
+            return row
+    raise ValueError(f"unknown {table} {name!r}; known: {', '.join(names(table))} "
+                     f"(add a row with its source to distlab.hardware.catalog.TABLES[{table!r}])")
+
+
+def as_dicts(table: str) -> list[dict[str, Any]]:
+    """`table` as plain dicts (fields only, no derived values), e.g. for pandas or JSON."""
+    return [{f.name: getattr(row, f.name) for f in fields(row)} for row in _check_table(table)]
+
+
+def _cell(row: Any, attribute: str, fmt: str) -> str:
+    derived = {"x16": lambda: row.link_GBps_per_direction(16),
+               "switch": lambda: row.switch_GBps_bidirectional(),
+               "x4_data_GBps": lambda: row.x4_data_GBps_per_direction}
+    value = derived[attribute]() if attribute in derived else getattr(row, attribute)
+    if value is None:
+        return "–"
+    if fmt == "cite":
+        return f"{{cite}}`{value}`"
+    return format(value, fmt) if fmt != "s" else str(value)
+
+
+def markdown_table(table: str) -> str:
+    """`table` as a Markdown pipe table, the exact text the book prints (a test compares them)."""
+    rows = _check_table(table)
+    cols = COLUMNS[table]
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(row, a, f) for _, a, f in cols) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""The tensor-parallel layers of Megatron-LM (Shoeybi et al. 2019, sec. 3), one matrix split `tp.size` ways.
+
+Weights keep `nn.Linear`'s layout, (out_features, in_features), so y = x W^T + b. For a layer
+Y = X A with A = W^T:
+
+- `ColumnParallelLinear` splits A by columns (the *rows* of W): rank r holds out_features / p outputs
+  and computes its slice Y_r = X A_r with no communication. Its input passes through `f`.
+- `RowParallelLinear` splits A by rows (the *columns* of W): rank r holds in_features / p inputs, takes
+  the matching slice X_r of the input, and computes a partial sum X_r A_r; `g` adds the partial sums.
+  The bias is added once, after the sum.
+- `VocabParallelEmbedding` splits the vocabulary: each rank looks up the ids it owns, writes zeros for
+  the others, and `g` adds the ranks' rows.
+- `vocab_parallel_cross_entropy` computes the loss from logits split over the vocabulary without ever
+  gathering them: the max and the sum of exponentials are all-reduced, and the target's logit is found
+  by a masked lookup on the rank that owns it, then all-reduced.
+
+With `sequence_parallel=True` (Korthikanti et al. 2022, sec. 4.2.2) the activations outside the layers
+are split along the sequence (dim 1): the column layer all-gathers its input instead of `f`, and the row
+layer reduce-scatters its output instead of `g`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from distlab.tensor_parallel.comm import TPGroup, all_gather_seq, f, g, reduce_scatter_seq
+
+
+def check_divisible(name: str, value: int, tp_size: int) -> int:
+    """`value // tp_size`, or a ValueError naming the value, the divisor and the fix."""
+    if value % tp_size:
+        divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 8]
+        raise ValueError(f"{name}={value} is not divisible by tensor-parallel size {tp_size}; choose a size "
+                         f"that divides {value} (e.g. {', '.join(map(str, divisors))})")
+    return value // tp_size
+
+
+def shard_rows(w: Tensor, rank: int, size: int) -> Tensor:
+    """Rows [rank k, (rank+1) k) of `w`, k = rows / size: a column-parallel shard of nn.Linear's weight."""
+    k = check_divisible("rows", w.shape[0], size)
+    return w[rank * k:(rank + 1) * k]
+
+
+def shard_cols(w: Tensor, rank: int, size: int) -> Tensor:
+    """Columns [rank k, (rank+1) k) of `w`, k = columns / size: a row-parallel shard of nn.Linear's weight."""
+    k = check_divisible("columns", w.shape[-1], size)
+    return w[..., rank * k:(rank + 1) * k]
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A with A split by columns across the tensor-parallel group (Shoeybi et al. 2019, sec. 3).
+
+    Rank r holds `weight` = W[r k:(r+1) k] (k = out_features / p) and its bias slice, and returns its
+    slice Y_r of the output (last dimension). The input passes through `f` (identity forward,
+    all-reduce backward), or, with sequence parallelism, is all-gathered along the sequence.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True,
+                 sequence_parallel: bool = False, name: str = "column") -> None:
+        super().__init__()
+        self.tp, self.name, self.sequence_parallel = tp, name, sequence_parallel
+        local = check_divisible(f"{name}.out_features", out_features, tp.size)
+        self.weight = nn.Parameter(torch.empty(local, in_features))
+        self.bias = nn.Parameter(torch.zeros(local)) if bias else None
+        nn.init.normal_(self.weight, 0.0, 0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = all_gather_seq(x, self.tp, self.name) if self.sequence_parallel else f(x, self.tp, self.name)
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X A with A split by rows across the tensor-parallel group (Shoeybi et al. 2019, sec. 3).
+
+    Rank r holds `weight` = W[:, r k:(r+1) k] (k = in_features / p) and takes X_r, the matching slice of
+    the input's last dimension (what a column-parallel layer produced). X_r A_r is a partial sum; `g`
+    (all-reduce forward, identity backward) adds the partial sums, or, with sequence parallelism, a
+    reduce-scatter adds them and keeps this rank's slice of the sequence. The bias is replicated and
+    added after the sum, so that it counts once.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True,
+                 sequence_parallel: bool = False, name: str = "row") -> None:
+        super().__init__()
+        self.tp, self.name, self.sequence_parallel = tp, name, sequence_parallel
+        local = check_divisible(f"{name}.in_features", in_features, tp.size)
+        self.weight = nn.Parameter(torch.empty(out_features, local))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        nn.init.normal_(self.weight, 0.0, 0.02)
+
+    def forward(self, x_parallel: Tensor) -> Tensor:
+        partial = nn.functional.linear(x_parallel, self.weight)
+        if self.sequence_parallel:
+            y = reduce_scatter_seq(partial, self.tp, self.name)
+        else:
+            y = g(partial, self.tp, self.name)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary split across the group (Shoeybi et al. 2019, sec. 3).
+
+    Rank r holds rows [r V/p, (r+1) V/p) of the V x h table. An id outside that range looks up row 0 and
+    is zeroed; `g` adds the ranks' results, so each token receives its row from the one rank that owns
+    it. With sequence parallelism the sum is a reduce-scatter along the sequence instead. The same
+    `weight` serves as the output layer when the embeddings are tied (see `model.ParallelGPT`).
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int, tp: TPGroup, sequence_parallel: bool = False,
+                 name: str = "wte") -> None:
+        super().__init__()
+        self.tp, self.name, self.sequence_parallel = tp, name, sequence_parallel
+        self.per_rank = check_divisible("vocab_size", vocab_size, tp.size)
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim))
+        nn.init.normal_(self.weight, 0.0, 0.02)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        local = idx - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        rows = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_seq(rows, self.tp, self.name)
+        return g(rows, self.tp, self.name)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy from vocabulary-sharded logits, with a hand-written backward that needs no
+    communication: d loss / d logits = softmax - one_hot(target), both computable from the local slice."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, tp: TPGroup, start: int,  # type: ignore[override]
+                where: str) -> Tensor:
+        # 1. the global max of each row, for a numerically safe exponential
+        row_max = tp.all_reduce_max(logits.max(dim=-1).values, "forward", where)
+        shifted = logits - row_max.unsqueeze(-1)
+        # 2. the target's (shifted) logit: the owner looks it up, the others contribute 0
+        local = targets - start
+        outside = (local < 0) | (local >= logits.shape[-1])
+        picked = shifted.gather(-1, local.masked_fill(outside, 0).unsqueeze(-1)).squeeze(-1)
+        target_logit = tp.all_reduce(picked.masked_fill(outside, 0.0), "forward", where)
+        # 3. the global sum of exponentials
+        exp = shifted.exp()
+        sum_exp = tp.all_reduce(exp.sum(dim=-1), "forward", where)
+        loss = sum_exp.log() - target_logit  # -log softmax(target), per token
+        softmax = exp / sum_exp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, local, outside)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
+        softmax, local, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        hit = (~outside).unsqueeze(-1).to(grad.dtype)
+        grad.scatter_add_(-1, local.masked_fill(outside, 0).unsqueeze(-1), -hit)
+        return grad * grad_loss.unsqueeze(-1), None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, tp: TPGroup, where: str = "loss") -> Tensor:
+    """Mean cross-entropy of `targets` (...,) under logits split over the vocabulary: this rank holds
+    logits (..., V/p) for ids [rank V/p, (rank+1) V/p). Three all-reduces of one number per token (max,
+    target logit, sum of exponentials) replace gathering (..., V) logits (Shoeybi et al. 2019, sec. 3)."""
+    start = tp.rank * logits.shape[-1]
+    return _VocabParallelCrossEntropy.apply(logits, targets, tp, start, where).mean()

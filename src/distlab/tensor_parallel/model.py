@@ -1,0 +1,247 @@
+"""A tensor-parallel GPT assembled from the layers of `layers.py` (Shoeybi et al. 2019, sec. 3).
+
+The modules and parameter names mirror `distlab.models.GPT` (nanoGPT's c_attn, c_proj, c_fc), so a
+dense state dict maps onto the shards name by name:
+
+- `ParallelMLP`: c_fc column-parallel (4h/p outputs per rank), GELU on the local slice, c_proj
+  row-parallel. One all-reduce forward (g after c_proj), one backward (f before c_fc).
+- `ParallelSelfAttention`: c_attn column-parallel with whole heads per rank (n_head/p heads), attention
+  on the local heads, c_proj row-parallel. Again one all-reduce in each direction.
+- `ParallelGPT`: vocabulary-parallel token embedding, replicated position embedding and LayerNorms, the
+  blocks, and an output layer that reuses the embedding's shard (the dense model ties lm_head to wte),
+  trained with `vocab_parallel_cross_entropy`, so the full logits are never gathered.
+
+`shard_state_dict` cuts a dense state dict into rank r's share; `gather_state_dict` glues the shards
+back. c_attn packs [q | k | v]: each of q, k, v is split by heads, and the shard is [q_r | k_r | v_r]
+(splitting the packed matrix into p row blocks would give rank 0 all of q and half of k when p = 2).
+
+With `sequence_parallel=True` (Korthikanti et al. 2022, sec. 4.2.2) the residual stream, LayerNorms
+and the embedding sum hold T/p positions per rank; after backward, `allreduce_sequence_parallel_grads`
+sums the gradients of the parameters that saw only this rank's positions (LayerNorms, the position
+embedding, the biases added after a reduce-scatter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from distlab.models import GPTConfig
+from distlab.tensor_parallel.comm import TPGroup, all_gather_seq, f
+from distlab.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    check_divisible,
+    shard_cols,
+    shard_rows,
+    vocab_parallel_cross_entropy,
+)
+
+
+def check_config(config: GPTConfig, tp_size: int) -> None:
+    """Raise a ValueError naming the first size of `config` that `tp_size` does not divide."""
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tensor-parallel size {tp_size!r} must be a positive integer, e.g. 2")
+    check_divisible("n_head", config.n_head, tp_size)
+    check_divisible("n_embd", config.n_embd, tp_size)
+    check_divisible("ffn size 4*n_embd", 4 * config.n_embd, tp_size)
+    check_divisible("vocab_size", config.vocab_size, tp_size)
+    if config.dropout:
+        raise ValueError(f"dropout={config.dropout} is not supported by ParallelGPT (its random masks would "
+                         "have to be coordinated across ranks); use dropout=0.0")
+
+
+class ParallelMLP(nn.Module):
+    """The feed-forward block split as Shoeybi et al. 2019 (sec. 3, fig. 3a) split it: column, GELU, row."""
+
+    def __init__(self, config: GPTConfig, tp: TPGroup, sequence_parallel: bool = False,
+                 name: str = "mlp") -> None:
+        super().__init__()
+        h = config.n_embd
+        self.c_fc = ColumnParallelLinear(h, 4 * h, tp, config.bias, sequence_parallel, f"{name}.c_fc")
+        self.c_proj = RowParallelLinear(4 * h, h, tp, config.bias, sequence_parallel, f"{name}.c_proj")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class ParallelSelfAttention(nn.Module):
+    """Causal self-attention with the heads split across ranks (Shoeybi et al. 2019, sec. 3, fig. 3b).
+
+    Each rank computes q, k and v for its n_head/p heads (c_attn, column-parallel), runs attention on
+    them with no communication (heads are independent), and projects its heads' part of the output
+    (c_proj, row-parallel), whose partial sums `g` adds.
+    """
+
+    def __init__(self, config: GPTConfig, tp: TPGroup, sequence_parallel: bool = False,
+                 name: str = "attn") -> None:
+        super().__init__()
+        self.local_heads = check_divisible("n_head", config.n_head, tp.size)
+        self.head_size = config.n_embd // config.n_head
+        h = config.n_embd
+        self.c_attn = ColumnParallelLinear(h, 3 * h, tp, config.bias, sequence_parallel, f"{name}.c_attn")
+        self.c_proj = RowParallelLinear(h, h, tp, config.bias, sequence_parallel, f"{name}.c_proj")
+
+    def forward(self, x: Tensor) -> Tensor:
+        qkv = self.c_attn(x)  # (B, T, 3 h/p) = [q_r | k_r | v_r]; T is the full sequence here
+        B, T, _ = qkv.shape
+        q, k, v = (t.view(B, T, self.local_heads, self.head_size).transpose(1, 2)
+                   for t in qkv.split(self.local_heads * self.head_size, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class ParallelBlock(nn.Module):
+    """A pre-norm transformer block (as `distlab.models.Block`) with parallel attention and MLP."""
+
+    def __init__(self, config: GPTConfig, tp: TPGroup, sequence_parallel: bool = False,
+                 name: str = "h.0") -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = ParallelSelfAttention(config, tp, sequence_parallel, f"{name}.attn")
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = ParallelMLP(config, tp, sequence_parallel, f"{name}.mlp")
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class ParallelGPT(nn.Module):
+    """`distlab.models.GPT`, tensor-parallel over `tp` (Shoeybi et al. 2019, sec. 3).
+
+    forward(idx, targets) returns this rank's logits, of shape (B, T, vocab_size / p) for the vocabulary
+    ids [rank V/p, (rank+1) V/p), and the mean cross-entropy (identical on every rank) when targets are
+    given. The output layer is the embedding shard itself (tied weights), so its gradient collects both
+    uses, as in the dense model.
+    """
+
+    def __init__(self, config: GPTConfig, tp: TPGroup, sequence_parallel: bool = False) -> None:
+        super().__init__()
+        check_config(config, tp.size)
+        self.config, self.tp, self.sequence_parallel = config, tp, sequence_parallel
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, tp, sequence_parallel, "wte")
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.h = nn.ModuleList(ParallelBlock(config, tp, sequence_parallel, f"h.{i}")
+                               for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+
+    @classmethod
+    def from_dense(cls, dense: nn.Module, tp: TPGroup, sequence_parallel: bool = False) -> ParallelGPT:
+        """A ParallelGPT holding rank `tp.rank`'s shard of the dense GPT `dense`'s weights."""
+        model = cls(dense.config, tp, sequence_parallel).to(next(dense.parameters()))
+        model.load_state_dict(shard_state_dict(dense.state_dict(), dense.config, tp.rank, tp.size))
+        return model
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}; "
+                             f"crop the input to its last {self.config.block_size} tokens")
+        pos = torch.arange(T, device=idx.device)
+        if self.sequence_parallel:  # this rank keeps positions [rank T/p, (rank+1) T/p) of the stream
+            if T % self.tp.size:
+                raise ValueError(f"sequence length T={T} is not divisible by tensor-parallel size "
+                                 f"{self.tp.size}; sequence parallelism keeps T/p positions per rank: use "
+                                 f"a T that is a multiple of {self.tp.size}")
+            local = T // self.tp.size
+            pos = pos[self.tp.rank * local:(self.tp.rank + 1) * local]
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        x = all_gather_seq(x, self.tp, "lm_head") if self.sequence_parallel else f(x, self.tp, "lm_head")
+        logits = F.linear(x, self.wte.weight)  # tied output layer: (B, T, V/p)
+        if targets is None:
+            return logits, None
+        return logits, vocab_parallel_cross_entropy(logits, targets, self.tp)
+
+    def sequence_parallel_params(self) -> list[nn.Parameter]:
+        """Replicated parameters that, under sequence parallelism, see only this rank's positions."""
+        names = [n for n, _ in self.named_parameters() if _rule(n) == "replicated"]
+        params = dict(self.named_parameters())
+        return [params[n] for n in names]
+
+    def allreduce_sequence_parallel_grads(self) -> None:
+        """Sum the gradients of `sequence_parallel_params` over the group, in one flat all-reduce
+        (Korthikanti et al. 2022, sec. 4.2.2). A no-op without sequence parallelism."""
+        if not self.sequence_parallel:
+            return
+        params = [p for p in self.sequence_parallel_params() if p.grad is not None]
+        flat = self.tp.all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), "backward", "sp-grads")
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+# ------------------------------------------------------------------ dense <-> shards
+
+
+def _rule(name: str) -> str:
+    """How the dense parameter `name` is split: 'qkv', 'rows', 'cols', 'tied' or 'replicated'."""
+    if name == "wte.weight":
+        return "rows"  # vocabulary-parallel
+    if name == "lm_head.weight":
+        return "tied"  # the same matrix as wte.weight
+    if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
+        return "qkv"
+    if name.endswith("mlp.c_fc.weight") or name.endswith("mlp.c_fc.bias"):
+        return "rows"
+    if name.endswith("c_proj.weight"):
+        return "cols"
+    return "replicated"  # position embedding, LayerNorms, the biases of the row-parallel layers
+
+
+def shard_state_dict(state: dict[str, Tensor], config: GPTConfig, rank: int, size: int) -> dict[str, Tensor]:
+    """Rank `rank`'s share (out of `size`) of a dense GPT state dict (or of its gradients, by name).
+
+    Column-parallel weights keep rows, row-parallel weights keep columns (nn.Linear stores (out, in)),
+    the embedding keeps its vocabulary rows, and q, k and v of c_attn are each split by heads.
+    """
+    check_config(config, size)
+    out = {}
+    for name, t in state.items():
+        rule = _rule(name)
+        if rule == "tied":
+            continue
+        if rule == "qkv":
+            out[name] = torch.cat([shard_rows(part, rank, size) for part in t.chunk(3, dim=0)]).clone()
+        elif rule == "rows":
+            out[name] = shard_rows(t, rank, size).clone()
+        elif rule == "cols":
+            out[name] = shard_cols(t, rank, size).clone()
+        else:
+            out[name] = t.clone()
+    return out
+
+
+def gather_state_dict(shards: Sequence[dict[str, Tensor]], config: GPTConfig,
+                      tied: bool = True) -> dict[str, Tensor]:
+    """The dense state dict rebuilt from every rank's shard, in rank order (the inverse of
+    `shard_state_dict`). Replicated entries are taken from rank 0. `tied` adds lm_head.weight."""
+    out = {}
+    for name in shards[0]:
+        parts = [s[name] for s in shards]
+        rule = _rule(name)
+        if rule == "qkv":
+            pieces = [p.chunk(3, dim=0) for p in parts]  # per rank: (q_r, k_r, v_r)
+            out[name] = torch.cat([torch.cat([pc[i] for pc in pieces]) for i in range(3)])
+        elif rule == "rows":
+            out[name] = torch.cat(parts, dim=0)
+        elif rule == "cols":
+            out[name] = torch.cat(parts, dim=-1)
+        else:
+            out[name] = parts[0].clone()
+    if tied and "wte.weight" in out:
+        out["lm_head.weight"] = out["wte.weight"]
+    return out
+
+
+def grads_of(model: nn.Module) -> dict[str, Tensor]:
+    """{name: gradient} of every parameter of `model` that has one (tied parameters listed once)."""
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
