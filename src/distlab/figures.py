@@ -22,6 +22,7 @@ from distlab.collectives import figures as collectives
 from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
 from distlab.hardware import figures as hardware
+from distlab.moe import figures as moe
 from distlab.tensor_parallel import figures as tensor_parallel
 
 
@@ -66,6 +67,15 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "per-layer compute at peak vs TP all-reduce time on NVLink and InfiniBand"),
     BookFigure("tp-sequence-parallel.png", tensor_parallel.sequence_parallel_figure,
                "one layer under sequence parallelism: regions, their splits, the collectives between"),
+    # Chapter 6: mixture of experts
+    BookFigure("moe-routing-histogram.png", moe.routing_histogram_figure,
+               "tokens per expert from a fresh router, skew 0 and 1, E=8, k=1, capacity factor 1.25"),
+    BookFigure("moe-drop-rate.png", moe.drop_rate_figure,
+               "fraction of assignments dropped vs capacity factor, per skew, k=1 and k=2, E=8"),
+    BookFigure("moe-load-balancing.png", moe.load_balancing_figure,
+               "load imbalance and drops during training, without and with the aux loss (0.01)"),
+    BookFigure("moe-send-matrix.png", moe.send_matrix_figure,
+               "rows each rank sends each rank in the dispatch all-to-all, 4 ranks, E=8, k=2"),
     # Chapter 8: the hardware underneath
     BookFigure("hw-bandwidth-generations.png", hardware.bandwidth_generations_figure,
                "per-direction GB/s of PCIe, NVLink and InfiniBand generations, from the catalog"),

@@ -1,0 +1,60 @@
+"""What the all-to-alls of expert parallelism carry, measured on every rank and set beside the prediction.
+
+`measure_traffic` runs a few training steps of an `ExpertParallelMoE` on this rank's skewed tokens
+(`explore.skewed_tokens`) and records, per step, the bytes that left the rank in the dispatch
+all-to-all, read off the split sizes that the layer handed to `dist.all_to_all_single`; the combine
+all-to-all sends back exactly what dispatch received, and the backward pass repeats both in reverse
+(`expert_parallel.AllToAll`). `cost.predict_all_to_all` gives the balanced-routing prediction, and
+the time of each step is measured between barriers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distlab.moe.cost import predict_all_to_all
+from distlab.moe.expert_parallel import ExpertParallelMoE
+from distlab.moe.explore import skewed_tokens
+
+
+@dataclass
+class TrafficRow:
+    """One step on one rank: bytes sent to other ranks by dispatch (and by combine), dropped share, and
+    the step's wall time (forward + backward, slowest rank not yet taken)."""
+
+    step: int
+    dispatch_bytes: int
+    combine_bytes: int
+    predicted_bytes: float
+    dropped: float
+    seconds: float
+
+
+def measure_traffic(tokens_per_rank: int = 256, d_model: int = 64, d_hidden: int = 128,
+                    num_experts: int = 8, k: int = 2, capacity_factor: float = 1.25, skew: float = 0.0,
+                    steps: int = 5, seed: int = 0) -> list[TrafficRow]:
+    """Run `steps` forward+backward passes of one expert-parallel layer on this rank (float32)."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else \
+        torch.device("cpu")
+    torch.manual_seed(seed)  # the same router on every rank
+    layer = ExpertParallelMoE(d_model, d_hidden, num_experts, k, capacity_factor).to(dev)
+    predicted = predict_all_to_all(tokens_per_rank, d_model, k, p, 4).bytes_per_all_to_all
+    rows = []
+    for step in range(steps):
+        x = skewed_tokens(tokens_per_rank, d_model, skew, seed=1000 * (step + 1) + r).to(dev)
+        dist.barrier()
+        start = time.perf_counter()
+        out = layer(x)
+        out.y.square().mean().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        layer.zero_grad()
+        rows.append(TrafficRow(step, out.comm.bytes_sent, out.comm.bytes_received, predicted,
+                               out.routing.dropped_fraction(), seconds))
+    return rows
