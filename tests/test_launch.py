@@ -282,3 +282,32 @@ def test_under_torchrun_outside_torchrun_explains(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(RuntimeError, match="start the program with `torchrun --nproc-per-node N"):
         launch.under_torchrun(print)
+
+
+# --- may_fail: ranks allowed to fail (for fault experiments) -----------------------------------------
+
+def _some_ranks_fail() -> int:
+    if launch.rank() == 1:
+        raise RuntimeError("rank 1 gives up")
+    if launch.rank() == 2:
+        os._exit(3)
+    time.sleep(0.5)  # still running when the others have failed: the run must not be stopped
+    return launch.rank() * 10
+
+
+def test_may_fail_returns_the_errors_of_allowed_ranks_and_the_others_results():
+    results = launch.run(_some_ranks_fail, 4, may_fail=[1, 2])
+    assert results[0] == 0 and results[3] == 30
+    assert isinstance(results[1], launch.RankError) and results[1].rank == 1
+    assert "rank 1 failed with RuntimeError: rank 1 gives up" in str(results[1])
+    assert "rank 1 gives up" in results[1].traceback
+    assert isinstance(results[2], launch.RankError)
+    assert "rank 2 exited with code 3 without raising" in str(results[2])
+    with pytest.raises(launch.RankError, match="rank 2 exited with code 3"):  # not allowed: the run fails
+        launch.run(_some_ranks_fail, 4, may_fail=[1])
+
+
+@pytest.mark.parametrize("bad", [[4], [-1], ["1"], [True]])
+def test_bad_may_fail(bad):
+    with pytest.raises(ValueError, match=r"may_fail=.* must list ranks from 0 to 3, e.g. may_fail=\[1\]"):
+        launch.run(_facts, 4, may_fail=bad)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from matplotlib.figure import Figure
 
+from distlab.async_sgd import figures as async_sgd
 from distlab.collectives import figures as collectives
 from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
@@ -56,6 +57,13 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the phases of the two-level all-reduce, 2 nodes x 4 ranks"),
     BookFigure("cost-model-algorithms.png", cost_model_example,
                "predicted all-reduce time vs message size, example parameters"),
+    # Chapter 3: asynchronous SGD
+    BookFigure("async-schedules.png", async_sgd.schedule_figure,
+               "simulated schedules of sync, SSP (s=1) and async, 3 workers, worker 1 4x slower"),
+    BookFigure("async-staleness.png", async_sgd.simulated_staleness_figure,
+               "staleness histograms of the same simulated runs"),
+    BookFigure("staleness-cost.png", async_sgd.staleness_cost_figure,
+               "largest stable learning rate vs delay; the MLP trained with delayed gradients"),
     # Chapter 5: tensor parallelism
     BookFigure("tp-matmul-splits.png", tensor_parallel.split_figure,
                "which rank holds which block of X, A and Y for the column and the row split, 4 ranks"),

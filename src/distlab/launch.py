@@ -22,6 +22,7 @@ How it works, in four steps (each is a function below):
    `init_process_group`, runs the function, and writes its result (or its traceback) to a file.
 4. The parent polls the children. A failed rank ends the run; a rank stuck in a collective is ended by
    the process group's timeout, and the parent reports where the other ranks were stuck at that moment.
+   (To study faults, `run(..., may_fail=[r])` lets rank r fail without ending the run.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -261,15 +262,26 @@ def _stacks_of(procs: list[subprocess.Popen], d: Path, ranks: list[int]) -> str:
     return "\n".join(parts)
 
 
-def _failure(procs: list[subprocess.Popen], d: Path, world_size: int, timeout: float) -> RankError:
+def _own_error(d: Path, r: int, code: int) -> RankError:
+    """Rank r's failure on its own, for a rank that `run(may_fail=...)` allows to fail."""
+    f = d / f"rank{r}.error"
+    if f.exists():
+        e = json.loads(f.read_text())
+        return RankError(f"rank {r} failed with {e['type']}: {e['message']}", r, e["traceback"])
+    return RankError(f"rank {r} exited with code {code} without raising a Python exception", r)
+
+
+def _failure(procs: list[subprocess.Popen], d: Path, world_size: int, timeout: float,
+             allowed: Collection[int] = ()) -> RankError:
     """Build the error for a failed run: pick the rank whose failure caused the others'."""
     time.sleep(0.2)  # let ranks failing at the same moment finish writing their reports
     errors = {}
     for r in range(world_size):
         f = d / f"rank{r}.error"
-        if f.exists():
+        if f.exists() and r not in allowed:
             errors[r] = json.loads(f.read_text())
-    exited = {r: p.returncode for r, p in enumerate(procs) if p.poll() is not None and p.returncode != 0}
+    exited = {r: p.returncode for r, p in enumerate(procs)
+              if p.poll() is not None and p.returncode != 0 and r not in allowed}
     running = [r for r, p in enumerate(procs) if p.poll() is None]
 
     def symptom(e: dict) -> bool:
@@ -304,15 +316,21 @@ def _failure(procs: list[subprocess.Popen], d: Path, world_size: int, timeout: f
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> list[Any]:
+        timeout: float = DEFAULT_TIMEOUT, may_fail: Collection[int] = (), **kwargs: Any) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `world_size` ranks and return their results, indexed by rank.
 
     backend: "auto" (NCCL with one GPU per rank if enough CUDA GPUs are visible, else gloo on CPU),
         "gloo" or "nccl".
     timeout: seconds a rank may wait inside one collective or receive before the run fails with a
         `RankError` that says which ranks were still running and where.
+    may_fail: ranks allowed to fail, for experiments with faults (a worker that dies): their failure does
+        not end the run, and their slot of the returned list holds their `RankError` instead of a result.
     """
     world_size = _check_world_size(world_size)
+    allowed = set(may_fail)
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world_size for r in allowed):
+        raise ValueError(f"may_fail={list(may_fail)!r} must list ranks from 0 to {world_size - 1}, "
+                         "e.g. may_fail=[1]")
     chosen = resolve_backend(backend, world_size)
     if timeout <= 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds, e.g. 30")
@@ -346,20 +364,22 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
                         start_new_session=True))
             while True:
                 codes = [p.poll() for p in procs]
-                if any(c not in (None, 0) for c in codes):
-                    error = _failure(procs, d, world_size, timeout)
+                if any(c not in (None, 0) and r not in allowed for r, c in enumerate(codes)):
+                    error = _failure(procs, d, world_size, timeout, allowed)
                     _kill(procs)
                     _print_output(d, world_size)
                     raise error
-                if all(c == 0 for c in codes):
+                if all(c == 0 or (c is not None and r in allowed) for r, c in enumerate(codes)):
                     break
                 time.sleep(0.02)
         finally:
             _kill(procs)  # no-op after a clean finish; on KeyboardInterrupt or an error it stops every rank
             del store
         _print_output(d, world_size)
-        missing = [r for r in range(world_size) if not (d / f"rank{r}.result").exists()]
+        failed = {r: _own_error(d, r, procs[r].returncode) for r in allowed if procs[r].returncode != 0}
+        missing = [r for r in range(world_size) if r not in failed and not (d / f"rank{r}.result").exists()]
         if missing:
             raise RankError(f"ranks {missing} exited cleanly but left no result (did fn call sys.exit(0)?)",
                             missing[0])
-        return [cloudpickle.loads((d / f"rank{r}.result").read_bytes()) for r in range(world_size)]
+        return [failed[r] if r in failed else cloudpickle.loads((d / f"rank{r}.result").read_bytes())
+                for r in range(world_size)]
