@@ -24,6 +24,7 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
 from distlab.hardware import figures as hardware
 from distlab.moe import figures as moe
+from distlab.pipeline import figures as pipeline
 from distlab.tensor_parallel import figures as tensor_parallel
 
 
@@ -64,6 +65,13 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "staleness histograms of the same simulated runs"),
     BookFigure("staleness-cost.png", async_sgd.staleness_cost_figure,
                "largest stable learning rate vs delay; the MLP trained with delayed gradients"),
+    # Chapter 4: pipeline parallelism
+    BookFigure("pipeline-schedules.png", partial(pipeline.schedules_figure, 4, 8, 2),
+               "naive, GPipe, 1F1B and interleaved timelines, p=4, m=8, v=2, simulated"),
+    BookFigure("pipeline-bubble.png", partial(pipeline.bubble_figure, 4),
+               "bubble fraction vs microbatches, formula and simulation, p=4"),
+    BookFigure("pipeline-stash.png", partial(pipeline.stash_figure, 4, 8, 2),
+               "peak stashed microbatches per rank, GPipe vs 1F1B vs interleaved, p=4, m=8"),
     # Chapter 5: tensor parallelism
     BookFigure("tp-matmul-splits.png", tensor_parallel.split_figure,
                "which rank holds which block of X, A and Y for the column and the row split, 4 ranks"),

@@ -1,0 +1,55 @@
+"""Chapter 4: pipeline parallelism, its schedules and their bubbles.
+
+One idea per file:
+- `partition`: cut a model's layers into stages balanced by a cost (parameter count) or by hand.
+- `actions`: `Action` and `Schedule`, the data a schedule is made of; `communication`: where the sends
+  and receives go so that nothing deadlocks (`add_communication`).
+- `schedules`: the schedules as data, per rank an ordered list of F, B, send and recv `Action`s:
+  `naive_schedule`, `gpipe_schedule` (Huang et al. 2019), `one_f_one_b_schedule` (PipeDream-Flush,
+  Narayanan et al. 2019, 2021), `interleaved_schedule` (Narayanan et al. 2021), and `bubble_fraction`.
+- `validate`: check a schedule on paper (F before B, sends matched, no deadlock on gloo or NCCL).
+- `simulate`: the ideal timeline of a schedule from t_f, t_b and t_comm; bubble and peak stash.
+- `executor`: run any schedule on real ranks, timing every action; `train`: a training step of the MLP
+  with it, and the single-process step it must equal; `gpt`: the same for the GPT's blocks, with the
+  tied embedding's gradient all-reduced between the first and the last stage.
+- `figures`: Gantt charts, bubble and memory plots, the explorer; `exercises`: the lab's check.
+- `__main__`: `python -m distlab.pipeline` (or under torchrun) runs and checks one pipelined step.
+"""
+
+from distlab.pipeline.partition import balanced_boundaries, parameter_costs, stage_modules
+from distlab.pipeline.schedules import (
+    SCHEDULES,
+    Action,
+    DeadlockError,
+    Schedule,
+    add_communication,
+    bubble_fraction,
+    gpipe_schedule,
+    interleaved_schedule,
+    make_schedule,
+    naive_schedule,
+    one_f_one_b_schedule,
+)
+from distlab.pipeline.simulate import Event, simulate, timeline_stats
+from distlab.pipeline.validate import validate
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "DeadlockError",
+    "Event",
+    "Schedule",
+    "add_communication",
+    "balanced_boundaries",
+    "bubble_fraction",
+    "gpipe_schedule",
+    "interleaved_schedule",
+    "make_schedule",
+    "naive_schedule",
+    "one_f_one_b_schedule",
+    "parameter_costs",
+    "simulate",
+    "stage_modules",
+    "timeline_stats",
+    "validate",
+]

@@ -1,0 +1,153 @@
+"""Where the sends and receives go in a schedule, and why that order cannot deadlock.
+
+`add_communication` turns per-rank compute orders (F and B actions only) into a full `Schedule`;
+`check_compute_order` finds compute orders that can never finish, and says which rank waits for what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from distlab.pipeline.actions import Action, Schedule
+
+
+class DeadlockError(ValueError):
+    """The compute order cannot run: some ranks wait for each other in a cycle."""
+
+
+def add_communication(name: str, orders: Sequence[Sequence[Action]], p: int, m: int, v: int = 1,
+                      rendezvous_safe: bool = False) -> Schedule:
+    """Turn per-rank compute orders into a full `Schedule`, with every send and receive in place.
+
+    Each send goes right after the F or B that produces its tensor, and each receive right before the F
+    or B that needs it. The executor posts every *run* of consecutive sends and receives together and
+    waits for the run's receives before computing again: sends never wait (`isend`), so on gloo a rank
+    only ever blocks on data it needs next. On NCCL a large send cannot finish before its receive is
+    posted, and one pair's messages share a stream, so two neighbours that both send first and receive
+    second would hang on the GPU (1F1B's steady state: rank r sends an activation forward while rank r + 1
+    sends a gradient back). Posting each run as one `batch_isend_irecv` group lets NCCL progress the
+    send and the receive together, as Megatron-LM's `send_forward_recv_backward` does. gloo's support for
+    batched groups is weak, so there the executor posts `isend`s and `irecv`s one by one, which is
+    equivalent because gloo buffers sends.
+
+    That grouping is enough for GPipe and 1F1B, but not for the interleaved schedule with m > p: there
+    a rank sends alone to a peer whose own lone send to it comes first. With rendezvous_safe=True
+    the order is instead taken from a lock-step run (`_lockstep_lists`), which is safe under the
+    strictest semantics at the price of some extra idle time. `validate` checks both with the simulator.
+
+    First the compute order is checked: if no rank can ever run its next F or B, it has a cycle of waits
+    (a 1F1B warm-up that is too short, a B before its F), and `DeadlockError` says who waits for what.
+    """
+    check_compute_order(name, orders, p, v)
+    if rendezvous_safe:
+        return Schedule(name, p, m, v, _lockstep_lists(orders, p, v))
+    S = p * v
+    lists: list[tuple[Action, ...]] = []
+    for r in range(p):
+        out: list[Action] = []
+        for a in orders[r]:
+            prev, nxt = (a.stage - 1, a.stage + 1) if a.op == "F" else (a.stage + 1, a.stage - 1)
+            kind = "fwd" if a.op == "F" else "bwd"
+            if 0 <= prev < S and prev % p != r:
+                out.append(Action(f"recv_{kind}", a.microbatch, a.stage, peer=prev % p))
+            out.append(Action(a.op, a.microbatch, a.stage))
+            if 0 <= nxt < S and nxt % p != r:
+                out.append(Action(f"send_{kind}", a.microbatch, a.stage, peer=nxt % p))
+        lists.append(tuple(out))
+    return Schedule(name, p, m, v, tuple(lists))
+
+
+def _lockstep_lists(orders: Sequence[Sequence[Action]], p: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    """Sends and receives in an order that is safe even if every send waits for its receive.
+
+    The compute orders run in lock-step ticks (each rank runs its next F or B if its input is there);
+    at the end of a tick every message produced in it is handed over, and the sender's list gets the
+    send while the receiver's gets the receive, both at this point. This run is itself a witness that
+    every send can meet its receive. Hand-overs are ordered by the sender's parity, so a chain
+    r -> r+1 -> r+2 takes two rounds of transfers, not p. The price: a receive can come earlier in a
+    rank's list than the compute that needs it, and then the rank waits for it sooner than it must.
+    """
+    S = p * v
+    have: set[tuple[str, int, int]] = set()  # ("fwd"|"bwd", mb, consuming stage) present on its rank
+    done: set[tuple[str, int, int]] = set()
+    lists: list[list[Action]] = [[] for _ in range(p)]
+    pos = [0] * p
+    while any(pos[r] < len(orders[r]) for r in range(p)):
+        produced, local = [], []
+        for r in range(p):
+            if pos[r] == len(orders[r]):
+                continue
+            a = orders[r][pos[r]]
+            if a.op == "F":
+                ready = a.stage == 0 or ("fwd", a.microbatch, a.stage) in have
+            else:
+                ready = ("F", a.microbatch, a.stage) in done and (
+                    a.stage == S - 1 or ("bwd", a.microbatch, a.stage) in have)
+            if not ready:
+                continue
+            lists[r].append(Action(a.op, a.microbatch, a.stage))
+            done.add((a.op, a.microbatch, a.stage))
+            pos[r] += 1
+            nxt, kind = (a.stage + 1, "fwd") if a.op == "F" else (a.stage - 1, "bwd")
+            if 0 <= nxt < S:
+                if nxt % p == r:
+                    local.append((kind, a.microbatch, nxt))
+                else:
+                    produced.append((r, nxt % p, kind, a.microbatch, a.stage, nxt))
+        have.update(local)
+        for src, dst, kind, mb, s, nxt in sorted(produced, key=lambda t: (t[0] % 2, t[0], t[1])):
+            lists[src].append(Action(f"send_{kind}", mb, s, peer=dst))
+            lists[dst].append(Action(f"recv_{kind}", mb, nxt, peer=src))
+            have.add((kind, mb, nxt))
+    return tuple(tuple(x) for x in lists)
+
+
+def check_compute_order(name: str, orders: Sequence[Sequence[Action]], p: int, v: int = 1) -> None:
+    """Raise `DeadlockError` if the compute orders cannot all finish, whatever the communication.
+
+    Runs the orders in lock-step ticks: in each tick every rank runs its next F or B if its input is
+    there (from an earlier tick). A tick in which no rank can run, with work left, is a deadlock.
+    """
+    if len(orders) != p:
+        raise ValueError(f"{name}: got compute orders for {len(orders)} ranks, expected p={p}; "
+                         "return one list per rank")
+    S = p * v
+    done: set[tuple[str, int, int]] = set()
+    pos = [0] * p
+    while any(pos[r] < len(orders[r]) for r in range(p)):
+        ran = []
+        for r in range(p):
+            if pos[r] == len(orders[r]):
+                continue
+            a = orders[r][pos[r]]
+            if a.op == "F":
+                ready = a.stage == 0 or ("F", a.microbatch, a.stage - 1) in done
+            else:
+                ready = ("F", a.microbatch, a.stage) in done and (
+                    a.stage == S - 1 or ("B", a.microbatch, a.stage + 1) in done)
+            if ready:
+                ran.append((a.op, a.microbatch, a.stage))
+                pos[r] += 1
+        if not ran:
+            raise DeadlockError(_deadlock_message(name, orders, pos, done, S))
+        done.update(ran)
+
+
+def _deadlock_message(name: str, orders: Sequence[Sequence[Action]], pos: list[int],
+                      done: set[tuple[str, int, int]], S: int) -> str:
+    lines = [f"{name}: the compute order deadlocks; every unfinished rank waits:"]
+    for r, order in enumerate(orders):
+        if pos[r] == len(order):
+            continue
+        a = order[pos[r]]
+        if a.op == "B" and ("F", a.microbatch, a.stage) not in done:
+            why = f"its own F{a.microbatch} of stage {a.stage}, which comes later or never (B before F)"
+        elif a.op == "F":
+            why = f"the activation of microbatch {a.microbatch} from stage {a.stage - 1}"
+        else:
+            why = f"the gradient of microbatch {a.microbatch} from stage {a.stage + 1}"
+        lines.append(f"  rank {r} at action {pos[r]} ({a.op}{a.microbatch} of stage {a.stage}) "
+                     f"waits for {why}")
+    lines.append("A 1F1B rank r must run min(p - r - 1, m) forwards before its first backward: with fewer, "
+                 "it waits for a gradient that needs a forward it has not yet done.")
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""The pictures of chapter 4: Gantt timelines of schedules (simulated or measured), the bubble against the
+number of microbatches, the peak stash per rank, and an ipywidgets explorer. All are drawn from the same
+`Schedule` data the executor runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from distlab.pipeline.schedules import bubble_fraction, make_schedule
+from distlab.pipeline.simulate import Event, simulate, timeline_stats
+
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "comm": "#BBBBBB"}
+
+
+def draw_timeline(ax: Axes, events: Sequence[Event], p: int, title: str, unit: str = "t_f",
+                  labels: bool = True) -> None:
+    """One Gantt chart: a row per rank, F in blue and B in green (darker for later model chunks), time
+    spent in receives in grey; each box is labelled with its microbatch."""
+    num_stages = max(e.action.stage for e in events) + 1
+    for e in events:
+        a = e.action
+        width = e.end - e.start
+        if a.op in ("F", "B"):
+            chunk = a.stage // p
+            alpha = 1.0 - 0.45 * chunk / max(1, (num_stages // p) - 1) if num_stages > p else 1.0
+            ax.barh(e.rank, width, left=e.start, height=0.8, color=COLOURS[a.op], alpha=alpha,
+                    edgecolor="white", linewidth=0.5)
+            if labels and width > 0:
+                ax.text(e.start + width / 2, e.rank, str(a.microbatch), ha="center", va="center",
+                        fontsize=7, color="white")
+        elif width > 0:
+            ax.barh(e.rank, width, left=e.start, height=0.3, color=COLOURS["comm"])
+    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(title, fontsize=10)
+
+
+def timeline_figure(events: Sequence[Event], p: int, title: str, unit: str = "t_f") -> Figure:
+    """A Gantt chart of one timeline, with its bubble in the title."""
+    fig, ax = plt.subplots(figsize=(10, 0.5 * p + 1.2))
+    stats = timeline_stats(events, p)
+    draw_timeline(ax, events, p, f"{title} (bubble {stats.mean_bubble:.0%})", unit)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def measured_vs_simulated_figure(measured: Sequence[Event], p: int, t_f: float, t_b: float, name: str,
+                                 m: int, v: int = 1) -> Figure:
+    """The measured timeline of a run (in ms) above the simulated one for the same schedule, with the
+    mean measured forward and backward times t_f and t_b (seconds) and no transfer time."""
+    sim = simulate(make_schedule(name, p, m, v), t_f, t_b)
+    fig, axes = plt.subplots(2, 1, figsize=(10, 1.0 * p + 2.4), sharex=True)
+    for ax, events, what in ((axes[0], measured, "measured"), (axes[1], sim, "simulated (ideal)")):
+        ms = [Event(e.rank, e.action, e.start * 1e3, e.end * 1e3) for e in events]
+        bubble = timeline_stats(events, p).mean_bubble
+        draw_timeline(ax, ms, p, f"{name}, p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+                      + f": {what}, bubble {bubble:.0%}", unit="ms")
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def schedules_figure(p: int = 4, m: int = 8, v: int = 2) -> Figure:
+    """Naive model parallelism, GPipe, 1F1B and interleaved 1F1B on the same model, simulated with
+    t_b = 2 t_f per rank (per chunk: divided by v) and free transfers."""
+    rows = [("naive", 1, 1), ("gpipe", m, 1), ("1f1b", m, 1), ("interleaved", m, v)]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.05 * p * len(rows) + 1), sharex=True)
+    for ax, (name, mm, vv) in zip(axes, rows, strict=True):
+        events = simulate(make_schedule(name, p, mm, vv), 1.0 / vv, 2.0 / vv)
+        stats = timeline_stats(events, p)
+        extra = f", v={vv}" if vv > 1 else ""
+        draw_timeline(ax, events, p, f"{name}: p={p}, m={mm}{extra}; bubble {stats.mean_bubble:.0%} "
+                      f"(formula {bubble_fraction(p, mm, vv):.0%}), peak stash {max(stats.peak_stash)}"
+                      + (" chunks" if vv > 1 else " microbatches"), unit="t_f of one rank's stage")
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def bubble_figure(p: int = 4, ms: Sequence[int] = (4, 8, 12, 16, 24, 32),
+                  vs: Sequence[int] = (1, 2, 4)) -> Figure:
+    """The bubble against m: the formula (lines) and the simulated schedules (markers), for several v."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    dense = range(1, max(ms) + 1)
+    for v in vs:
+        ax.plot(list(dense), [bubble_fraction(p, m, v) for m in dense], "-",
+                label=f"(p-1)/(v m + p-1), v={v}")
+        name = "1f1b" if v == 1 else "interleaved"
+        sim = [timeline_stats(simulate(make_schedule(name, p, m, v), 1 / v, 2 / v), p).mean_bubble
+               for m in ms]
+        ax.plot(ms, sim, "o", color=ax.lines[-1].get_color(), label=f"simulated {name}, v={v}")
+    ax.set_xlabel("microbatches m")
+    ax.set_ylabel("bubble (fraction of the step)")
+    ax.set_title(f"Pipeline bubble, p = {p} ranks, t_b = 2 t_f")
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def stash_figure(p: int = 4, m: int = 8, v: int = 2) -> Figure:
+    """Peak microbatches stashed per rank: GPipe holds all m, 1F1B at most p - r, interleaved counted in
+    whole-stage units (chunks / v)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    width = 0.27
+    for k, (name, vv) in enumerate((("gpipe", 1), ("1f1b", 1), ("interleaved", v))):
+        peaks = timeline_stats(simulate(make_schedule(name, p, m, vv)), p).peak_stash
+        ax.bar([r + (k - 1) * width for r in range(p)], [x / vv for x in peaks], width,
+               label=name + (f" (v={vv}, chunks / v)" if vv > 1 else ""))
+    ax.set_xticks(range(p), [f"rank {r}" for r in range(p)])
+    ax.set_ylabel("peak stashed microbatches")
+    ax.set_title(f"Activation memory: p = {p}, m = {m}")
+    ax.set_ylim(0, m * 1.4)  # room for the legend above the bars
+    ax.legend(fontsize=8, ncols=3, loc="upper center")
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def pipeline_explorer():  # -> ipywidgets.Widget
+    """Sliders for p, m, v, the schedule and t_b / t_f; draws the simulated timeline and its numbers."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    out = widgets.Output()
+    w = {"schedule": widgets.Dropdown(options=["naive", "gpipe", "1f1b", "interleaved"], value="1f1b"),
+         "p": widgets.IntSlider(value=4, min=1, max=8), "m": widgets.IntSlider(value=8, min=1, max=32),
+         "v": widgets.IntSlider(value=2, min=1, max=4),
+         "t_b/t_f": widgets.FloatSlider(value=2, min=0.5, max=4),
+         "t_comm/t_f": widgets.FloatSlider(value=0.0, min=0, max=1, step=0.05)}
+
+    def draw(_=None) -> None:
+        name, p, m, v = w["schedule"].value, w["p"].value, w["m"].value, w["v"].value
+        v = v if name == "interleaved" else 1
+        m = 1 if name == "naive" else m
+        with out:
+            out.clear_output(wait=True)
+            try:
+                s = make_schedule(name, p, m, v)
+            except ValueError as e:
+                print(e)
+                return
+            events = simulate(s, 1.0 / v, w["t_b/t_f"].value / v, w["t_comm/t_f"].value)
+            st = timeline_stats(events, p)
+            print(f"bubble: simulated {st.mean_bubble:.1%}, formula {bubble_fraction(p, m, v):.1%};  "
+                  f"peak stash per rank {list(st.peak_stash)};  "
+                  f"messages {(sum(len(a) for a in s.actions) - 2 * p * m * v) // 2}")
+            display(timeline_figure(events, p, f"{name}, p={p}, m={m}, v={v}"))
+
+    for control in w.values():
+        control.observe(draw, "value")
+    draw()
+    return widgets.VBox([widgets.HBox([w["schedule"], w["p"], w["m"]]),
+                         widgets.HBox([w["v"], w["t_b/t_f"], w["t_comm/t_f"]]), out])

@@ -1,0 +1,80 @@
+"""Cut a model's layers into consecutive pipeline stages, balanced by a cost per layer.
+
+A pipeline runs only as fast as its slowest stage, so the cut should make the largest stage cost as
+small as possible (GPipe partitions by estimated cost to balance the stages, Huang et al. 2019, sec.
+2.2). For a sequence of layer costs c_0..c_{L-1} and S stages this is the *linear partition* problem,
+solved exactly by dynamic programming in O(S L^2): among all cuts into S non-empty runs of consecutive
+layers, take one whose largest run sum is smallest, and among those, one whose largest run has the
+fewest layers (so free layers such as activations are spread out rather than piled up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def parameter_costs(layers: Sequence[nn.Module]) -> list[float]:
+    """The cost of each layer as its parameter count (a proxy for its FLOPs and for its memory)."""
+    return [float(sum(p.numel() for p in layer.parameters())) for layer in layers]
+
+
+def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
+    """Boundaries b_0 = 0 < b_1 < ... < b_S = L such that stage s holds layers [b_s, b_{s+1}), chosen so
+    that the costliest stage is as cheap as possible (ties: the stage with most layers is smallest)."""
+    L = len(costs)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"num_stages={num_stages!r} must be a positive integer, e.g. the number of ranks")
+    if num_stages > L:
+        raise ValueError(f"num_stages={num_stages} is more than the {L} layers of the model: every stage "
+                         f"needs at least one layer; use at most {L} stages (p * v <= {L}) or a deeper model")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = (float("inf"), L + 1)
+    # best[s][j]: the best (max cost, max layers) for putting layers [0, j) into s stages; cut[s][j]: last cut
+    best = [[inf] * (L + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (L + 1) for _ in range(num_stages + 1)]
+    best[0][0] = (0.0, 0)
+    for s in range(1, num_stages + 1):
+        for j in range(s, L + 1):
+            for i in range(s - 1, j):
+                if best[s - 1][i] == inf:
+                    continue
+                cand = (max(best[s - 1][i][0], prefix[j] - prefix[i]), max(best[s - 1][i][1], j - i))
+                if cand < best[s][j]:
+                    best[s][j], cut[s][j] = cand, i
+    bounds = [L]
+    for s in range(num_stages, 0, -1):
+        bounds.append(cut[s][bounds[-1]])
+    return bounds[::-1]
+
+
+def check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:
+    """Check explicit boundaries [0, b_1, ..., L] (strictly increasing) and return them as a list."""
+    b = list(boundaries)
+    if len(b) < 2 or b[0] != 0 or b[-1] != num_layers or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+        raise ValueError(f"boundaries={b} must rise strictly from 0 to the number of layers {num_layers}, "
+                         f"one more entry than stages, e.g. [0, {num_layers // 2}, {num_layers}] for two")
+    return b
+
+
+def stage_modules(layers: Sequence[nn.Module], boundaries: Sequence[int]) -> list[nn.Sequential]:
+    """Stage s as `nn.Sequential(*layers[b_s:b_{s+1}])` (the same module objects, not copies)."""
+    b = check_boundaries(boundaries, len(layers))
+    return [nn.Sequential(*layers[b[s]:b[s + 1]]) for s in range(len(b) - 1)]
+
+
+def boundary_shapes(layers: Sequence[nn.Module], boundaries: Sequence[int],
+                    sample: torch.Tensor) -> list[torch.Size]:
+    """The shape of each stage's input for an input shaped like `sample` (one microbatch): what a rank
+    must allocate to receive it. Found by running the layers once without autograd."""
+    shapes = []
+    x = sample
+    with torch.no_grad():
+        for module in stage_modules(layers, boundaries):
+            shapes.append(x.shape)
+            x = module(x)
+    return shapes
