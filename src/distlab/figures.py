@@ -22,6 +22,7 @@ from distlab.async_sgd import figures as async_sgd
 from distlab.collectives import figures as collectives
 from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
+from distlab.data_parallel import figures as data_parallel
 from distlab.hardware import figures as hardware
 from distlab.moe import figures as moe
 from distlab.pipeline import figures as pipeline
@@ -58,6 +59,13 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the phases of the two-level all-reduce, 2 nodes x 4 ranks"),
     BookFigure("cost-model-algorithms.png", cost_model_example,
                "predicted all-reduce time vs message size, example parameters"),
+    # Chapter 2: data parallelism
+    BookFigure("dp-buckets.png", data_parallel.book_bucket_figure,
+               "the small GPT's parameters in 16 KiB buckets"),
+    BookFigure("dp-timeline.png", data_parallel.book_timeline_figure,
+               "predicted step timelines of the three gradient-sync strategies, example parameters"),
+    BookFigure("dp-scaling.png", data_parallel.book_scaling_figure,
+               "predicted data-parallel throughput vs ranks, example parameters"),
     # Chapter 3: asynchronous SGD
     BookFigure("async-schedules.png", async_sgd.schedule_figure,
                "simulated schedules of sync, SSP (s=1) and async, 3 workers, worker 1 4x slower"),

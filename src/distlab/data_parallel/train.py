@@ -1,0 +1,244 @@
+"""The data-parallel training loop, from scratch, and the single-process loop it must agree with.
+
+Data parallelism (Li et al. 2020, "PyTorch Distributed", VLDB 13(12), sec. 3) in five steps, each a
+line of `train_data_parallel`:
+
+1. every rank builds the same model and `broadcast_parameters` copies rank 0's weights to all, then
+   `check_replicas_identical` proves it (a hash of every parameter, all-gathered);
+2. at step t every rank draws the same global batch of B indices (`models.batch_indices`) and keeps its
+   own B/p of them (`models.shard`);
+3. forward and backward on that shard give the gradient of the shard's mean loss;
+4. a gradient-sync strategy from `sync` averages the gradients over the ranks: now every rank holds the
+   gradient of the mean loss over the whole batch of B;
+5. every rank takes the same optimizer step from the same weights and so ends with the same weights.
+
+With `accumulation_steps` k, step 3 runs k times on micro-batches of B/(p k), with each loss divided by k
+and the first k-1 backward passes inside `no_sync`: only the last one communicates.
+
+A `Task` bundles what the loop needs to know about a model and its data: `mlp_task` (regression with an
+MLP) and `gpt_task` (next-character prediction with the small GPT), both from `distlab.models`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from distlab import launch, models
+from distlab.data_parallel.sync import DEFAULT_BUCKET_BYTES, check_bucket_bytes, make_strategy
+
+
+@dataclass
+class Task:
+    """A model to build and the data to train it on: `inputs[i]` and `targets[i]` are example i, and
+    `loss(model, x, y)` is the mean loss over a batch. `build(seed)` seeds torch and builds the model."""
+
+    name: str
+    make_model: Callable[[], nn.Module]
+    inputs: Tensor
+    targets: Tensor
+    loss: Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+    def build(self, seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return self.make_model()
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def _mse(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return F.mse_loss(model(x), y)
+
+
+def _lm_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return model(x, y)[1]
+
+
+def mlp_task(sizes: tuple[int, ...] = (16, 64, 64, 4), n: int = 480, seed: int = 0) -> Task:
+    """Regression of `models.regression_data` with `models.MLP(sizes)` and the mean squared error."""
+    X, y = models.regression_data(n, sizes[0], sizes[-1], seed=seed)
+    return Task(f"MLP{list(sizes)}", lambda: models.MLP(sizes), X, y, _mse)
+
+
+def gpt_task(n_layer: int = 2, n_embd: int = 32, block_size: int = 16, n: int = 240, seed: int = 0) -> Task:
+    """Next-character prediction on `models.char_corpus` with a small `models.GPT`: `n` windows of
+    `block_size` tokens drawn once, with a fixed generator, so every rank sees the same examples."""
+    text = models.char_corpus(400, seed=seed)
+    tok = models.CharTokenizer(text)
+    config = models.GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=n_layer,
+                              n_head=4, n_embd=n_embd)
+    x, y = models.get_batch(tok.encode(text), block_size, n, torch.Generator().manual_seed(seed))
+    return Task(f"GPT(n_layer={n_layer}, n_embd={n_embd})", lambda: models.GPT(config), x, y, _lm_loss)
+
+
+# --------------------------------------------------------------------------------------------------
+# Replicas must start equal
+# --------------------------------------------------------------------------------------------------
+
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """Copy rank `src`'s parameters and buffers to every rank (one broadcast each), as DDP does when it
+    is constructed (Li et al. 2020, sec. 3)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src)
+
+
+def parameter_hashes(model: nn.Module) -> Tensor:
+    """One 56-bit hash of the bytes of each parameter, as an int64 tensor (equal weights, equal hashes)."""
+    out = []
+    for p in model.parameters():
+        raw = p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        out.append(int.from_bytes(hashlib.blake2b(raw, digest_size=7).digest(), "little"))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def check_replicas_identical(model: nn.Module) -> None:
+    """Raise ValueError on every rank if any parameter differs between ranks, naming the first one.
+
+    All ranks all-gather the hashes of their parameters and compare them, so all ranks agree on the
+    verdict and raise together: no rank is left waiting in a later collective.
+    """
+    mine = parameter_hashes(model).to(launch.device())
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    names = [name for name, _ in model.named_parameters()]
+    for i, name in enumerate(names):
+        differ = [r for r, h in enumerate(everyone) if h[i] != everyone[0][i]]
+        if differ:
+            raise ValueError(
+                f"parameter {name!r} differs between ranks at the start of training (ranks {differ} do not "
+                "match rank 0), so the replicas would drift apart; seed the model identically on every "
+                "rank (torch.manual_seed before building it) or call broadcast_parameters(model)")
+
+
+# --------------------------------------------------------------------------------------------------
+# The loops
+# --------------------------------------------------------------------------------------------------
+
+def check_batch(global_batch: int, world_size: int, accumulation_steps: int = 1) -> int:
+    """The per-rank micro-batch size B / (p k), or a ValueError naming the value that does not divide."""
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch={global_batch!r} must be a positive integer, e.g. 12")
+    k = accumulation_steps
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"accumulation_steps={accumulation_steps!r} must be a positive integer; use 1 "
+                         "for no accumulation")
+    if global_batch % world_size:
+        raise ValueError(f"global_batch={global_batch} is not divisible by world_size={world_size}: the "
+                         "ranks would get shards of different sizes and the average of their gradients "
+                         "would not be the gradient of the batch; choose a global batch that is a "
+                         f"multiple of {world_size}")
+    local = global_batch // world_size
+    if local % accumulation_steps:
+        raise ValueError(f"the per-rank batch {local} (global_batch={global_batch} / world_size="
+                         f"{world_size}) is not divisible by accumulation_steps={accumulation_steps}; "
+                         f"choose a global batch that is a multiple of {world_size * accumulation_steps}")
+    return local // accumulation_steps
+
+
+class SGD:
+    """Stochastic gradient descent with momentum, written out: v <- mu v + g, then w <- w - lr v (the
+    update of torch.optim.SGD with dampening 0; v starts as the first gradient). Its state, the momentum
+    v, makes a wrong step show up in later steps too. (Written here rather than taken from torch.optim,
+    whose first use imports the compiler stack: seconds per rank on a small machine.)"""
+
+    def __init__(self, params: list[nn.Parameter] | object, lr: float, momentum: float = 0.9) -> None:
+        self.params = list(params)  # type: ignore[call-overload]
+        self.lr, self.momentum = lr, momentum
+        self.velocity: list[Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            v = self.velocity[i]
+            if v is None:
+                v = self.velocity[i] = p.grad.clone()
+            else:
+                v.mul_(self.momentum).add_(p.grad)
+            p.add_(v, alpha=-self.lr)
+
+
+def make_optimizer(model: nn.Module, lr: float) -> SGD:
+    """SGD with momentum 0.9 over the model's parameters."""
+    return SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def train_data_parallel(task: Task, strategy: str = "overlapped", steps: int = 4, global_batch: int = 12,
+                        lr: float = 0.05, seed: int = 0, accumulation_steps: int = 1,
+                        bucket_bytes: int = DEFAULT_BUCKET_BYTES, broadcast: bool = True,
+                        model: nn.Module | None = None) -> dict[str, Tensor]:
+    """Inside a rank: train `task` for `steps` steps with data parallelism; return the final parameters.
+
+    strategy: "per_parameter", "bucketed", "overlapped" (see `sync`) or "ddp" (PyTorch's
+        DistributedDataParallel, the built-in to compare with).
+    broadcast: copy rank 0's initial weights to every rank first (False skips it, to show the check).
+    model: use this model instead of `task.build(seed)` (for example one built differently per rank).
+    """
+    p, r, dev = dist.get_world_size(), dist.get_rank(), launch.device()
+    micro = check_batch(global_batch, p, accumulation_steps)
+    check_bucket_bytes(bucket_bytes)
+    model = (model if model is not None else task.build(seed)).to(dev)
+    if broadcast:
+        broadcast_parameters(model)
+    check_replicas_identical(model)
+    if strategy == "ddp":
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_bytes / 2**20)
+        sync, no_sync = None, net.no_sync
+    else:
+        net, sync = model, make_strategy(strategy, model, bucket_bytes)
+        no_sync = sync.no_sync
+    optimizer = make_optimizer(model, lr)
+    for step in range(steps):
+        idx = models.batch_indices(len(task), global_batch, step, seed)[models.shard(global_batch, r, p)]
+        optimizer.zero_grad(set_to_none=True)
+        for k in range(accumulation_steps):
+            part = idx[k * micro:(k + 1) * micro]
+            last = k == accumulation_steps - 1
+            with nullcontext() if last else no_sync():
+                loss = task.loss(net, task.inputs[part].to(dev), task.targets[part].to(dev))
+                (loss / accumulation_steps).backward()
+        if sync is not None:
+            sync.finish()
+        optimizer.step()
+    if sync is not None:
+        sync.close()
+    return {name: t.detach().cpu().clone() for name, t in model.named_parameters()}
+
+
+def train_single_process(task: Task, steps: int = 4, global_batch: int = 12, lr: float = 0.05,
+                         seed: int = 0) -> dict[str, Tensor]:
+    """The reference: the same steps on one process, with the whole global batch at once."""
+    model = task.build(seed)
+    optimizer = make_optimizer(model, lr)
+    for step in range(steps):
+        idx = models.batch_indices(len(task), global_batch, step, seed)
+        optimizer.zero_grad(set_to_none=True)
+        task.loss(model, task.inputs[idx], task.targets[idx]).backward()
+        optimizer.step()
+    return {name: t.detach().clone() for name, t in model.named_parameters()}
+
+
+def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[float, str]:
+    """The largest absolute difference between two sets of parameters, and the parameter where it is."""
+    if a.keys() != b.keys():
+        raise ValueError(f"the two models have different parameters: {sorted(a.keys() ^ b.keys())}")
+    diffs = {name: (a[name] - b[name]).abs().max().item() for name in a}
+    worst = max(diffs, key=lambda n: diffs[n])
+    return diffs[worst], worst
