@@ -195,6 +195,19 @@ def test_bench_cpu_paths_and_json(tmp_path: Path) -> None:
         bench.collective(1)
 
 
+def test_bench_matches_a_gpu_to_its_pcie_link_by_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CUDA numbers GPUs fastest first by default, not in PCI order: match sysfs links by PCI address.
+    from types import SimpleNamespace
+
+    links = [probe.PCIeLink("0000:07:00.0", 16.0, 16, 16.0, 16),
+             probe.PCIeLink("0000:0f:00.0", 8.0, 8, 16.0, 16)]
+    props = SimpleNamespace(pci_bus_id=0x0F, pci_device_id=0, pci_domain_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    assert bench._pcie_spec(0, links) == (pytest.approx(8 * 8 * 128 / 130 / 8), "PCIe 3.0 x8, per direction")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace())
+    assert bench._pcie_spec(0, links)[1] == "PCIe 4.0 x16, per direction"  # no PCI address: entry 0
+
+
 # --------------------------------------------------------------------------------------------------
 # simulate
 # --------------------------------------------------------------------------------------------------
@@ -217,6 +230,8 @@ def test_ring_matches_chapter_1_textbook_formula(p: int) -> None:
     want = cost_model.ring_all_reduce_time(n, p, params, segment_bytes=None)
     got = simulate.ring_all_reduce_time(line_ring(p), [f"g{i}" for i in range(p)], n)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+    # ... and the formula written out, since the simulator now calls the cost model for each hop.
+    np.testing.assert_allclose(got, 2 * (p - 1) * 5e-6 + 2 * (p - 1) / p * n / 10e9, rtol=1e-12)
 
 
 def test_cluster_predictions_and_bottlenecks() -> None:
@@ -235,6 +250,9 @@ def test_cluster_predictions_and_bottlenecks() -> None:
     # The flat ring's bandwidth term is that of a 32-rank ring on the NIC alone.
     zero = simulate.Cluster("DGX A100", 4, simulate.Latencies(0, 0, 0))
     assert float(simulate.predict_all_reduce(zero, n, "flat_ring")) == pytest.approx(2 * 31 / 32 * n / 25e9)
+    # The two-level ring's bandwidth terms (book): 2 (m-1)/m n / B_nv + 2 (N-1)/N (n/m) / B_net.
+    want = 2 * 7 / 8 * n / 300e9 + 2 * 3 / 4 * (n / 8) / 25e9
+    assert float(simulate.predict_all_reduce(zero, n, "two_level_ring")) == pytest.approx(want, rel=1e-12)
     dgx1 = simulate.Cluster("DGX-1", 2, simulate.Latencies(0, 0, 0))
     inside = simulate.bottleneck(dgx1.topology, [dgx1.gpu(0, j) for j in dgx1.intra_order])
     assert inside.GBps == 50  # every hop of DGX1_RING has two NVLinks

@@ -77,6 +77,8 @@ def test_bad_inputs_name_the_value_and_the_fix() -> None:
         make_schedule("zb", 2, 2)
     with pytest.raises(ValueError, match=r"v=2 model chunks per rank only applies to the 'interleaved'"):
         make_schedule("gpipe", 2, 2, 2)
+    with pytest.raises(ValueError, match=r"v=0 model chunks per rank must be a positive integer"):
+        bubble_fraction(4, 8, 0)
 
 
 def test_validate_finds_b_before_f_and_deadlocks() -> None:

@@ -3,7 +3,9 @@
 Recht, Re, Wright & Niu (2011) observed that when each example touches only a few coordinates (sparse
 data: text features, matrix entries, graph edges), two processes rarely write the same coordinate at
 the same time, so updating shared memory without any locking costs almost no accuracy and removes all
-waiting (their sec. 3, Algorithm 1; sec. 4 bounds the damage by how often examples overlap).
+waiting (their sec. 3, Algorithm 1; sec. 4 bounds the damage by how often examples overlap, assuming
+an atomic add per coordinate; numpy's `+=` below is a plain read-modify-write, so a race may also lose
+part of an update).
 
 Here the problem is sparse logistic regression: each example has `nnz` nonzero features out of `dim`,
 labels come from a random teacher vector (`sparse_classification_data`). The weights live in a file

@@ -177,7 +177,7 @@ def serve(config: PSConfig, groups: dict[int, dist.ProcessGroup]) -> ServerLog:
     alive, stopped, waiting = set(clocks), set(), []  # waiting: asked for parameters, not yet sent
     heard = {w: 0.0 for w in clocks}  # when each worker last sent, or was sent, something
     gap_at_read: dict[int, int] = {}
-    pending: dict[int, tuple[torch.Tensor, int]] = {}  # sync: this round's gradients, by worker
+    pending: dict[int, tuple[torch.Tensor, int, int]] = {}  # sync: (gradient, clock, version read), by worker
     version, applied, budget = 0, 0, config.steps * num_workers
 
     def declare_dead(w: int, now: float, why: str) -> None:
@@ -229,11 +229,11 @@ def serve(config: PSConfig, groups: dict[int, dist.ProcessGroup]) -> ServerLog:
         if msg.kind == Kind.PUSH:
             clock, clocks[w] = clocks[w], clocks[w] + 1
             if config.mode == "sync":
-                pending[w] = (msg.payload, clock)
+                pending[w] = (msg.payload, clock, msg.version)
                 if len(pending) == len(alive):  # the round is complete: apply the average once
-                    params -= config.lr * torch.stack([g for g, _ in pending.values()]).mean(0)
-                    log.updates += [Update(u, c, version, version, 0, gap_at_read[u], now)
-                                    for u, (_, c) in sorted(pending.items())]
+                    params -= config.lr * torch.stack([g for g, _, _ in pending.values()]).mean(0)
+                    log.updates += [Update(u, c, read, version, version - read, gap_at_read[u], now)
+                                    for u, (_, c, read) in sorted(pending.items())]
                     pending.clear()
                     version += 1
             else:

@@ -51,8 +51,9 @@ def make_buckets(params: Sequence[nn.Parameter], bucket_bytes: int) -> list[list
     """Group `params` into buckets of at most `bucket_bytes` bytes, in *reverse* order (Li et al. 2020,
     sec. 3.2): backward computes the last layer's gradients first, so the first bucket fills first.
 
-    A bucket is closed when the next parameter would push it past `bucket_bytes`; a parameter larger
-    than `bucket_bytes` gets a bucket of its own. Each bucket is a list of parameters, in that order.
+    A bucket is closed when the next parameter would push it past `bucket_bytes`, or has another dtype or
+    device (a bucket is one flat buffer, as in DDP); a parameter larger than `bucket_bytes` gets a bucket
+    of its own. Each bucket is a list of parameters, in that order.
     (DDP's reducer closes a bucket once it *reaches* the cap, so its buckets are a little larger and,
     for the same cap, sometimes fewer.)
     """
@@ -62,7 +63,8 @@ def make_buckets(params: Sequence[nn.Parameter], bucket_bytes: int) -> list[list
     size = 0
     for p in reversed(list(params)):
         nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > bucket_bytes:
+        if current and (size + nbytes > bucket_bytes or (p.dtype, p.device) != (current[0].dtype,
+                                                                              current[0].device)):
             buckets.append(current)
             current, size = [], 0
         current.append(p)
@@ -211,9 +213,22 @@ class OverlappedBucketedAllReduce(_Strategy):
         self.waiting[i] -= 1
 
     def _grad_ready(self, p: torch.Tensor) -> None:
-        """Called by autograd once p.grad holds this step's gradient."""
+        """Called by autograd once p.grad holds this step's gradient.
+
+        Autograd sums every use of a parameter (a layer applied twice, a tied weight) before it accumulates
+        into p.grad, so the hook fires once per backward. It can fire twice only if p.grad is accumulated
+        twice before `finish`: reentrant activation checkpointing around a parameter that is also used
+        outside the checkpoint, or a second backward without `no_sync`. Then p's bucket may already be on
+        the wire with a partial gradient, so we stop rather than average the wrong thing (DDP stops too).
+        """
         if not self.require_sync:
             return
+        if id(p) in self.copied:
+            raise RuntimeError(
+                f"the gradient of a parameter of shape {tuple(p.shape)} was accumulated twice before "
+                "finish(), after its bucket could already have been all-reduced; run the earlier backward "
+                "passes of an accumulation inside no_sync(), and use torch.utils.checkpoint with "
+                "use_reentrant=False")
         self._copy_in(p)
         while self.next_bucket < len(self.buckets) and self.waiting[self.next_bucket] == 0:
             self._launch(self.next_bucket)

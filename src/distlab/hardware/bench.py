@@ -101,10 +101,22 @@ def _gpu_spec(index: int) -> Any:
     return catalog.lookup("gpu", model) if model else None
 
 
+def _link_of(index: int, links: Sequence[probe.PCIeLink]) -> probe.PCIeLink | None:
+    """The sysfs PCIe link of CUDA device `index`, matched by PCI address where torch reports it (CUDA's
+    default device order, fastest first, need not be PCI bus order); else entry `index` of `links`."""
+    props = torch.cuda.get_device_properties(index)
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int):
+        domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        address = f"{domain:04x}:{bus:02x}:{device:02x}."
+        return next((link for link in links if link.address.lower().startswith(address)), None)
+    return links[index] if index < len(links) else None
+
+
 def _pcie_spec(index: int, links: Sequence[probe.PCIeLink]) -> tuple[float | None, str]:
     """Per-direction GB/s of GPU `index`'s PCIe link: as negotiated (sysfs), else the GPU's generation x16."""
-    if index < len(links) and links[index].generation and links[index].width:
-        link = links[index]
+    link = _link_of(index, links)
+    if link is not None and link.generation and link.width:
         gen = catalog.lookup("pcie", link.generation)
         return gen.link_GBps_per_direction(link.width), f"{link.generation} x{link.width}, per direction"
     gpu = _gpu_spec(index)

@@ -9,14 +9,17 @@ and a ring all-reduce of n bytes on p GPUs takes 2(p-1) steps of n/p bytes (Pata
 
     T_ring = 2 (p-1) * max over hops (latency + (n/p) / bandwidth)
 
-which with equal hops is Chapter 1's textbook ring formula, 2(p-1) alpha + 2 (p-1)/p n beta.
+that is, the largest over the hops of Chapter 1's textbook ring formula, 2(p-1) alpha + 2 (p-1)/p n beta,
+with alpha and beta of that hop: the code calls `distlab.collectives.cost_model.ring_all_reduce_time` for
+each hop rather than writing the formula a second time.
 
 Three all-reduce algorithms on a cluster of N servers with m GPUs each (`predict_all_reduce`):
 - ``flat_ring``: one ring through all N*m GPUs, server after server. Every step waits for the hop that
   crosses the network, so the NVLinks idle most of the time.
 - ``two_level_ring``: a ring reduce-scatter inside each server (NVLink), then m rings across servers, one
   per local GPU index and so one per NIC, each all-reducing n/m bytes, then a ring all-gather inside each
-  server (the hierarchical scheme of Chapter 1, and what NCCL gets from one ring channel per NIC).
+  server (the reduce-scatter form of Chapter 1's two-level all-reduce, its exercise 3 -- not the leader
+  form of `collectives.hierarchical_all_reduce` -- and what NCCL gets from one ring channel per NIC).
 - ``tree``: a chain reduce inside each server, a pipelined double binary tree across servers
   (Sanders, Speck & Traeff 2009; NCCL 2.4) whose latency grows with log2 N instead of N, and a chain
   broadcast. Phases are added, not overlapped.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from distlab.collectives import cost_model
 from distlab.hardware import catalog
 
 ALGORITHMS = ("flat_ring", "two_level_ring", "tree")
@@ -302,15 +306,19 @@ def _nbytes(n: ArrayLike) -> NDArray[np.float64]:
     return arr
 
 
-def _step(hops: Sequence[Hop], chunk: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Time of one ring step moving `chunk` bytes on every hop: the slowest hop's."""
-    return np.max([h.latency + chunk / (h.GBps * 1e9) for h in hops], axis=0) if hops else 0 * chunk
+def _ring(hops: Sequence[Hop], n: NDArray[np.float64], p: int) -> NDArray[np.float64]:
+    """Ring all-reduce of n bytes on p GPUs whose steps wait for the slowest of `hops`: the largest over
+    the hops of Chapter 1's textbook formula with that hop's alpha (latency) and beta (1 / bandwidth)."""
+    if not hops or p == 1:
+        return 0 * n
+    per_hop = [cost_model.MachineParams(alpha=h.latency, beta=1 / (h.GBps * 1e9)) for h in hops]
+    return np.max([cost_model.ring_all_reduce_time(n, p, m, segment_bytes=None) for m in per_hop], axis=0)
 
 
 def ring_all_reduce_time(topo: Topology, order: Sequence[str], nbytes: ArrayLike) -> NDArray[np.float64]:
     """2(p-1) steps of n/p bytes, each as slow as the slowest hop (see the module docstring)."""
     n, p = _nbytes(nbytes), len(_check_order(topo, order))
-    return 2 * (p - 1) * _step(ring_hops(topo, [order])[0], n / p)
+    return _ring(ring_hops(topo, [order])[0], n, p)
 
 
 def predict_all_reduce(cluster: Cluster, nbytes: ArrayLike, algorithm: str = "two_level_ring"
@@ -327,8 +335,9 @@ def predict_all_reduce(cluster: Cluster, nbytes: ArrayLike, algorithm: str = "tw
     inter = ring_hops(topo, across) if big_n > 1 else []
     inter_hops = [h for ring in inter for h in ring]
     if algorithm == "two_level_ring":
-        phase = (m - 1) * _step(intra_hops, n / m)  # reduce-scatter, then the same again as all-gather
-        return 2 * phase + 2 * (big_n - 1) * _step(inter_hops, n / m / big_n)
+        # reduce-scatter + all-gather inside the servers = a ring all-reduce of n bytes on m GPUs; across
+        # servers, m rings at once, each a ring all-reduce of n/m bytes on N GPUs.
+        return _ring(intra_hops, n, m) + _ring(inter_hops, n / m, big_n)
     chain = (m - 1) * max(h.latency for h in intra_hops) + n / (min(h.GBps for h in intra_hops) * 1e9) \
         if m > 1 else 0 * n
     if big_n == 1:

@@ -99,7 +99,13 @@ class ExpertParallelOutput:
 
 
 class ExpertParallelMoE(nn.Module):
-    """The MoE layer with its experts spread over the ranks of `group` (default: all ranks)."""
+    """The MoE layer with its experts spread over the ranks of `group` (default: all ranks).
+
+    Gradients: the router is replicated, so the caller all-reduces its gradient like any data-parallel
+    weight (sum, as `check.parity_one` does). The experts' gradients are already complete sums over every
+    rank's tokens (the backward all-to-all delivers them); under DDP-style averaging of the ranks' losses
+    divide them by the world size too.
+    """
 
     def __init__(self, d_model: int, d_hidden: int, num_experts: int, k: int = 1,
                  capacity_factor: float = 1.25, normalize: bool = True, noisy: bool = False,

@@ -22,6 +22,7 @@ def _worker(schedule: str, m: int, v: int, sizes: list[int], batch: int, repeats
     import torch
     import torch.distributed as dist
 
+    from distlab import launch
     from distlab.models import regression_data
     from distlab.pipeline.schedules import bubble_fraction
     from distlab.pipeline.simulate import timeline_stats
@@ -31,7 +32,8 @@ def _worker(schedule: str, m: int, v: int, sizes: list[int], batch: int, repeats
     X, y = regression_data(batch, sizes[0], sizes[-1], seed=0)
     first, *_, last = steps_on_rank([(schedule, m, v)] * repeats, sizes, X, y)
     ref_grads, _ = reference_step(sizes, X, y)
-    err = torch.tensor(max(float((g - ref_grads[k]).abs().max()) for k, g in first.grads.items()))
+    err = torch.tensor(max(float((g - ref_grads[k]).abs().max()) for k, g in first.grads.items()),
+                       device=launch.device())  # NCCL reduces only GPU tensors
     dist.all_reduce(err, op=dist.ReduceOp.MAX)
     gathered: list = [None] * p
     dist.all_gather_object(gathered, (last.run.events, last.run.peak_stash, last.run.peak_stash_bytes))

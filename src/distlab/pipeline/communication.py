@@ -28,7 +28,8 @@ def add_communication(name: str, orders: Sequence[Sequence[Action]], p: int, m: 
     sends a gradient back). Posting each run as one `batch_isend_irecv` group lets NCCL progress the
     send and the receive together, as Megatron-LM's `send_forward_recv_backward` does. gloo's support for
     batched groups is weak, so there the executor posts `isend`s and `irecv`s one by one, which is
-    equivalent because gloo buffers sends.
+    equivalent: a gloo `isend` never blocks the caller (gloo's own threads complete it once the peer
+    posts its receive), and the executor waits for its sends only at the end of the step.
 
     That grouping is enough for GPipe and 1F1B, but not for the interleaved schedule with m > p: there
     a rank sends alone to a peer whose own lone send to it comes first. With rendezvous_safe=True

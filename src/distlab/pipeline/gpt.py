@@ -56,9 +56,11 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def gpt_pipeline_step(config: GPTConfig, idx: Tensor, targets: Tensor, schedule: Schedule, rank: int,
-                      seed: int = 0, lr: float = 0.1) -> StepResult:
-    """One SGD step of GPT(config) on (idx, targets), pipelined by `schedule`, as seen by rank `rank`.
-    Gradients and parameters are named as in `GPT.named_parameters()` (the tied matrix as wte.weight)."""
+                      seed: int = 0, lr: float = 0.1, device: torch.device | None = None) -> StepResult:
+    """One SGD step of GPT(config) on (idx, targets), pipelined by `schedule`, as seen by rank `rank`,
+    with this rank's stages on `device` (default: the CPU). Gradients and parameters, returned on the
+    CPU, are named as in `GPT.named_parameters()` (the tied matrix as wte.weight)."""
+    device = device or torch.device("cpu")
     torch.manual_seed(seed)
     gpt = GPT(config)
     layers = gpt_layers(gpt)
@@ -67,7 +69,9 @@ def gpt_pipeline_step(config: GPTConfig, idx: Tensor, targets: Tensor, schedule:
     xs, ys = split_microbatches(idx, targets, schedule.m)
     mine = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]) for s in range(S) if s % p == rank}
     shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))
-    run = run_schedule(schedule, mine, xs, ys, lm_loss, shapes, rank)
+    for module in mine.values():
+        module.to(device)
+    run = run_schedule(schedule, mine, xs, ys, lm_loss, shapes, rank, device)
     tied = gpt.wte.weight
     first, last = 0, (S - 1) % p
     if first != last:  # every rank must take part in creating the group, even those outside it
@@ -79,9 +83,9 @@ def gpt_pipeline_step(config: GPTConfig, idx: Tensor, targets: Tensor, schedule:
     with torch.no_grad():
         own = {id(q): q for module in mine.values() for q in module.parameters()}
         for key, param in own.items():
-            grads[names[key]] = param.grad.clone()
+            grads[names[key]] = param.grad.cpu().clone()
             param -= lr * param.grad
-            params[names[key]] = param.detach().clone()
+            params[names[key]] = param.detach().cpu().clone()
     return StepResult(grads, params, run)
 
 

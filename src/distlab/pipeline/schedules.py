@@ -161,9 +161,12 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
 
     With t_f and t_b the forward and backward time of one microbatch on one rank's whole share of the
     model, GPipe and 1F1B take (m + p - 1)(t_f + t_b), of which m (t_f + t_b) is work, so the idle
-    fraction is (p - 1) / (m + p - 1) (Huang et al. 2019, sec. 2.2). Interleaving v chunks makes the ramp
-    v times shorter, (p - 1)(t_f + t_b) / v, so the fraction is (p - 1) / (v m + p - 1)
-    (Narayanan et al. 2021, sec. 2.2.2, who quote the ratio to the ideal time, (p - 1) / (v m)).
+    fraction is (p - 1) / (m + p - 1) (Huang et al. 2019, who write it O((K-1)/(M+K-1))). Interleaving
+    v chunks makes the ramp v times shorter, (p - 1)(t_f + t_b) / v, so the fraction is
+    (p - 1) / (v m + p - 1) (Narayanan et al. 2021, sec. 2.2.2, who quote the ratio to the ideal time,
+    (p - 1) / (v m)).
     """
     _check_pm(p, m)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"v={v!r} model chunks per rank must be a positive integer; use v=1 for 1F1B")
     return (p - 1) / (v * m + p - 1)

@@ -44,8 +44,12 @@ class StepResult:
 
 
 def pipeline_step(sizes: Sequence[int], X: Tensor, y: Tensor, schedule: Schedule, rank: int,
-                  seed: int = 0, lr: float = 0.1, boundaries: Sequence[int] | None = None) -> StepResult:
-    """One SGD step of MLP(sizes) on (X, y), pipelined by `schedule`, as seen by rank `rank`."""
+                  seed: int = 0, lr: float = 0.1, boundaries: Sequence[int] | None = None,
+                  device: torch.device | None = None) -> StepResult:
+    """One SGD step of MLP(sizes) on (X, y), pipelined by `schedule`, as seen by rank `rank`, with this
+    rank's stages on `device` (the CPU by default; its GPU on NCCL). Gradients and parameters come back
+    on the CPU."""
+    device = device or torch.device("cpu")
     torch.manual_seed(seed)
     layers = MLP(sizes).layers
     S = schedule.num_stages
@@ -61,15 +65,17 @@ def pipeline_step(sizes: Sequence[int], X: Tensor, y: Tensor, schedule: Schedule
             for s in range(S) if s % schedule.p == rank}
     shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))
     shapes[S] = torch.Size([])  # the loss: the last stage's "output" is a scalar
-    run = run_schedule(schedule, mine, xs, ys, F.mse_loss, shapes, rank)
+    for module in mine.values():
+        module.to(device)
+    run = run_schedule(schedule, mine, xs, ys, F.mse_loss, shapes, rank, device)
     grads, params = {}, {}
     with torch.no_grad():
         for s, module in mine.items():
             for i in range(bounds[s], bounds[s + 1]):
                 for name, param in layers[i].named_parameters():
-                    grads[f"{i}.{name}"] = param.grad.clone()
+                    grads[f"{i}.{name}"] = param.grad.cpu().clone()
                     param -= lr * param.grad
-                    params[f"{i}.{name}"] = param.detach().clone()
+                    params[f"{i}.{name}"] = param.detach().cpu().clone()
             del module
     return StepResult(grads, params, run)
 
@@ -90,12 +96,14 @@ def reference_step(sizes: Sequence[int], X: Tensor, y: Tensor, seed: int = 0,
 def steps_on_rank(configs: Sequence[tuple[str, int, int]], sizes: Sequence[int], X: Tensor, y: Tensor,
                   seed: int = 0, lr: float = 0.1) -> list[StepResult]:
     """Run several (schedule name, m, v) steps in one launch (starting ranks costs seconds): call on
-    every rank, e.g. `launch.run(steps_on_rank, p, configs, sizes, X, y)`."""
-    import torch.distributed as dist
+    every rank, e.g. `launch.run(steps_on_rank, p, configs, sizes, X, y)`. On NCCL the stages run on
+    this rank's GPU and the schedules are built with rendezvous_safe=True."""
+    from distlab import launch
 
-    p, rank = dist.get_world_size(), dist.get_rank()
-    safe = dist.get_backend() == "nccl"
-    return [pipeline_step(sizes, X, y, make_schedule(name, p, m, v, rendezvous_safe=safe), rank, seed, lr)
+    p, rank = launch.world_size(), launch.rank()
+    safe = launch.backend() == "nccl"
+    return [pipeline_step(sizes, X, y, make_schedule(name, p, m, v, rendezvous_safe=safe), rank, seed, lr,
+                          device=launch.device())
             for name, m, v in configs]
 
 
