@@ -23,6 +23,9 @@ How it works, in four steps (each is a function below):
 4. The parent polls the children. A failed rank ends the run; a rank stuck in a collective is ended by
    the process group's timeout, and the parent reports where the other ranks were stuck at that moment.
    (To study faults, `run(..., may_fail=[r])` lets rank r fail without ending the run.)
+
+The rank's side of steps 2 and 3 lives in `launch_worker.py`; the diagnosis of a failed run in
+`launch_diagnosis.py`. Everything is importable from here.
 """
 
 from __future__ import annotations
@@ -34,9 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,16 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from distlab.launch_diagnosis import RankError as RankError
+from distlab.launch_diagnosis import _failure as _failure
+from distlab.launch_diagnosis import _own_error as _own_error
+from distlab.launch_worker import RENDEZVOUS_TIMEOUT as RENDEZVOUS_TIMEOUT
+from distlab.launch_worker import _init_rank as _init_rank
+from distlab.launch_worker import _worker_main as _worker_main
+from distlab.launch_worker import choose_backend as choose_backend
+from distlab.launch_worker import resolve_backend as resolve_backend
+
 DEFAULT_TIMEOUT = 30.0  # seconds a rank may wait in one collective before the run fails
-RENDEZVOUS_TIMEOUT = 300.0  # seconds ranks may take to start and meet (importing torch is slow on 2 cores)
-
-# Messages that a rank prints when a *peer* went away: a symptom, not the cause.
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
-              "ecconnreset", "econnreset", "connection refused")
-
-
-class RankError(RuntimeError):
-    """A rank failed. `rank` is the rank that failed first; `traceback` is that rank's own traceback."""
-
-    def __init__(self, message: str, rank: int, traceback: str = "") -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.traceback = traceback
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,43 +98,6 @@ def device() -> torch.device:
     return torch.device("cuda", local_rank()) if backend() == "nccl" else torch.device("cpu")
 
 
-# --------------------------------------------------------------------------------------------------
-# Choosing the backend and initialising a rank (shared by `run` and `under_torchrun`)
-# --------------------------------------------------------------------------------------------------
-
-def choose_backend(world_size: int, gpus: int, nccl_available: bool) -> str:
-    """The "auto" rule: NCCL when torch has it and there is one CUDA GPU per rank, otherwise gloo."""
-    return "nccl" if nccl_available and gpus >= world_size else "gloo"
-
-
-def resolve_backend(backend: str, world_size: int) -> str:
-    """Turn "auto" into "nccl" or "gloo" for this machine (`choose_backend`); check a forced choice."""
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend={backend!r} is not known; use 'auto', 'gloo' (CPU) or 'nccl' (GPUs)")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    auto = choose_backend(world_size, gpus, dist.is_nccl_available())
-    if backend == "auto":
-        return auto
-    if backend == "nccl" and auto != "nccl":
-        why = "this torch build has no NCCL" if not dist.is_nccl_available() else f"{gpus} are visible"
-        raise ValueError(
-            f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size} but {why}; "
-            "use backend='gloo' to run the ranks on the CPU, or a world_size of at most the GPU count")
-    return backend
-
-
-def _init_rank(backend: str, rank: int, world_size: int, local_rank: int, timeout: float,
-               store: dist.Store | None = None) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        # Ranks on one CPU share its cores: give each its share so they do not oversubscribe.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    kwargs: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout), **kwargs)
-
-
 def under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
                    timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> Any:
     """Run `fn(*args, **kwargs)` in a process started by `torchrun --nproc-per-node N ...`.
@@ -158,51 +117,6 @@ def under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
         return fn(*args, **kwargs)
     finally:
         dist.destroy_process_group()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the launching process is gone (a killed kernel must not leave ranks behind)."""
-    while os.getppid() == parent_pid:
-        time.sleep(0.5)
-    os._exit(1)
-
-
-def _worker_main(run_dir: str, rank: int) -> None:
-    """Body of one rank process (started by `run` as `python -c`)."""
-    import faulthandler
-
-    d = Path(run_dir)
-    spec = json.loads((d / "spec.json").read_text())
-    threading.Thread(target=_watch_parent, args=(spec["parent_pid"],), daemon=True).start()
-    stack_file = open(d / f"rank{rank}.stack", "w")  # noqa: SIM115 (kept open for faulthandler)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
-    sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
-    try:
-        fn, args, kwargs = cloudpickle.loads((d / "payload.pkl").read_bytes())
-        store = dist.TCPStore(spec["host"], spec["port"], spec["world_size"], is_master=False,
-                              timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT))
-        _init_rank(spec["backend"], rank, spec["world_size"], rank, spec["timeout"], store)
-        result = fn(*args, **kwargs)
-        try:
-            blob = cloudpickle.dumps(result)
-        except Exception as e:
-            raise TypeError(f"rank {rank} returned a {type(result).__name__}, which cannot be pickled "
-                            f"back to the launcher ({e}); return tensors, numbers or plain containers") from e
-        (d / f"rank{rank}.tmp").write_bytes(blob)
-        os.replace(d / f"rank{rank}.tmp", d / f"rank{rank}.result")
-        dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 (report everything, including SystemExit)
-        # Start the traceback at the user's function: the frame of this wrapper is noise to a student.
-        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-        err = {"time": time.time(), "type": type(e).__name__, "message": str(e),
-               "traceback": "".join(traceback.format_exception(type(e), e, tb))}
-        (d / f"rank{rank}.error").write_text(json.dumps(err))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip interpreter teardown: no atexit surprises from libraries in a finished rank
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,74 +159,6 @@ def _print_output(d: Path, world_size: int) -> None:
             if line.strip():
                 print(f"[rank {r}] {line}")
     sys.stdout.flush()
-
-
-def _stacks_of(procs: list[subprocess.Popen], d: Path, ranks: list[int]) -> str:
-    """Ask still-running ranks where they are (faulthandler on SIGUSR1) and return the stacks."""
-    for r in ranks:
-        try:
-            os.kill(procs[r].pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    time.sleep(0.3)
-    parts = []
-    for r in ranks:
-        text = (d / f"rank{r}.stack").read_text(errors="replace").strip()
-        parts.append(f"--- where rank {r} was ---\n{text or '(no Python stack)'}")
-    return "\n".join(parts)
-
-
-def _own_error(d: Path, r: int, code: int) -> RankError:
-    """Rank r's failure on its own, for a rank that `run(may_fail=...)` allows to fail."""
-    f = d / f"rank{r}.error"
-    if f.exists():
-        e = json.loads(f.read_text())
-        return RankError(f"rank {r} failed with {e['type']}: {e['message']}", r, e["traceback"])
-    return RankError(f"rank {r} exited with code {code} without raising a Python exception", r)
-
-
-def _failure(procs: list[subprocess.Popen], d: Path, world_size: int, timeout: float,
-             allowed: Collection[int] = ()) -> RankError:
-    """Build the error for a failed run: pick the rank whose failure caused the others'."""
-    time.sleep(0.2)  # let ranks failing at the same moment finish writing their reports
-    errors = {}
-    for r in range(world_size):
-        f = d / f"rank{r}.error"
-        if f.exists() and r not in allowed:
-            errors[r] = json.loads(f.read_text())
-    exited = {r: p.returncode for r, p in enumerate(procs)
-              if p.poll() is not None and p.returncode != 0 and r not in allowed}
-    running = [r for r, p in enumerate(procs) if p.poll() is None]
-
-    def symptom(e: dict) -> bool:
-        return any(s in e["message"].lower() for s in _PEER_GONE)
-
-    def is_timeout(e: dict) -> bool:
-        return "timed out" in e["message"].lower() or "timeout" in e["type"].lower()
-
-    if errors:
-        root = min(errors, key=lambda r: (symptom(errors[r]), errors[r]["time"]))
-        e = errors[root]
-        timed_out = is_timeout(e)
-        msg = f"rank {root} failed with {e['type']}: {e['message']}"
-        if timed_out:
-            msg = (f"rank {root} timed out: it waited more than {timeout:g} s for a message from another "
-                   f"rank (run(timeout=...) sets this limit). {e['type']}: {e['message']}")
-            if running:
-                msg += f"\nRanks still running then: {running}.\n" + _stacks_of(procs, d, running)
-        others = sorted(set(errors) - {root})
-        if timed_out and not running and all(is_timeout(errors[r]) for r in others):
-            msg += ("\nEvery rank timed out waiting: a deadlock. Each rank waits for a message that no "
-                    "rank sends; check that every send or collective has a matching recv or collective "
-                    "on its peers.")
-        elif others:
-            msg += f"\n(ranks {others} failed too, afterwards; their errors follow from rank {root}'s)"
-        return RankError(f"{msg}\n\n--- traceback of rank {root} ---\n{e['traceback']}", root, e["traceback"])
-    root = min(exited)
-    code = exited[root]
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return RankError(f"rank {root} {how} without raising a Python exception (a crash, os._exit, or the "
-                     "out-of-memory killer); see its output above", root)
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",

@@ -4,11 +4,11 @@ One idea per file:
 - `catalog`: the specifications as data (PCIe, NVLink, NVSwitch generations, GPUs, servers, InfiniBand
   rates), each row with its source; `lookup`, `markdown_table`.
 - `probe`: what this machine has (GPUs, interconnect matrix, PCIe links, RDMA ports, NUMA nodes);
-  `distlab doctor` uses it.
+  `distlab doctor` uses it. Its GPU probes are in `probe_gpus`, its sysfs/procfs readers in `probe_host`.
 - `bench`: host, host-device, device, peer-to-peer and collective bandwidth, each beside the catalog's
   figure (`python -m distlab.hardware.bench --out FILE.json`).
-- `simulate`: topologies as graphs and the predicted all-reduce time of a flat ring, a two-level ring and
-  a tree on them; the bottleneck link of a ring.
+- `topology`: topologies as graphs (servers from the catalog, clusters of them); `simulate`: the
+  predicted all-reduce time of a flat ring, a two-level ring and a tree on them; the bottleneck of a ring.
 - `exercises`: checks that diagnose unit and factor mistakes; `figures`: the book's pictures and the
   ipywidgets explorer.
 

@@ -1,0 +1,205 @@
+"""Inside a rank: run a student's all-reduce on inputs built to be decoded, and say what is wrong.
+
+`check_ring_all_reduce(my_ring_all_reduce)` (in `exercises.py`) runs the function on 1, 2, 3 and 4
+ranks, on several element counts -- 1 element, counts that p divides and counts it does not -- and on
+every rank `_run_cases` compares the tensor with `dist.all_reduce` of the same inputs. When they differ,
+`_diagnose` decodes the wrong values, because the inputs are built to be decoded: rank r's element i is
+
+    x_r[i] = B**r + B**p * (i + 1)        (B = 8 up to 5 ranks, else 4: exact in float32)
+
+so a sum that counts rank q's data c_q times at position i is sum_q c_q B**q + B**p (i + 1) sum_q c_q.
+The base-B digits say whose data a value holds and how often, and the high part says whether it came
+from the right position. From that the check names the rank, the chunk (as in `chunk_bounds(n, p)`)
+and the likely mistake: a chunk never reduced, a chunk added twice, a missing all-gather, chunk offsets
+that differ, a result not written in place, a missing `return`, or a send with no matching recv.
+`check_two_level_all_reduce` does the same for `fn(tensor, ranks_per_node)` on several node layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distlab.collectives.ring import chunk_bounds
+
+MAX_RANKS = 8  # 4**8 * 8 * 31 < 2**24 and 8**5 * 5 * 31 < 2**24: sums of up to MAX_COUNT elements
+MAX_COUNT = 30  # on up to MAX_RANKS ranks are exact in float32
+
+
+def encoded_input(rank: int, p: int, n: int):  # -> torch.Tensor
+    """Rank `rank`'s test input of n float32 elements: element i is B**rank + B**p * (i + 1), B = base(p)."""
+    import torch
+
+    b = base(p)
+    return (b**rank + b**p * torch.arange(1, n + 1, dtype=torch.float64)).float()
+
+
+def default_counts(p: int) -> list[int]:
+    """Element counts tried on p ranks: 1, 2p (divisible by p) and p + 1, 3p + 2 (not, for p > 2)."""
+    return sorted({1, p + 1, 2 * p, 3 * p + 2})
+
+
+def base(p: int) -> int:
+    """Digit base of the inputs on p ranks: 8 up to 5 ranks, else 4 (so sums stay exact in float32)."""
+    return 8 if p <= 5 else 4
+
+
+def _signature(got: float, want: float, i: int, rank: int, p: int) -> tuple:
+    """What element i holds: ("ok",), ("own",), ("zero",), ("nan",), ("odd",), ("shift",), ("excess",),
+    ("times", m), ("divided", m) or ("mix", counts), counts[q] = how often rank q's data was added."""
+    if got == want:
+        return ("ok",)
+    if not math.isfinite(got):
+        return ("nan",)
+    if got == 0:
+        return ("zero",)
+    b = base(p)
+    if got > 0 and got == round(got):
+        high, low = divmod(int(got), b**p)
+        counts = tuple((low // b**q) % b for q in range(p))
+        if high == (i + 1) * sum(counts):  # whole contributions, all from position i
+            if counts == tuple(int(q == rank) for q in range(p)):
+                return ("own",)
+            return ("times", counts[0]) if len(set(counts)) == 1 else ("mix", counts)
+        if sum(counts) and high % sum(counts) == 0 and high // sum(counts) <= 2 * MAX_COUNT:
+            return ("shift",)  # whole contributions, from another position
+    if want / got == round(want / got) > 1:
+        return ("divided", round(want / got))
+    if got / want == round(got / want) > 1:
+        return ("times", round(got / want))
+    return ("excess",) if got == round(got) and got > want else ("odd",)
+
+
+def _where(a: int, b: int, n: int, parts: int | None) -> str:
+    if parts is not None:
+        for k, (lo, hi) in enumerate(chunk_bounds(n, parts)):
+            if (a, b) == (lo, hi):
+                return f"chunk {k} (elements {a}:{b})"
+            if lo <= a and b <= hi:
+                return f"elements {a}:{b} of chunk {k}"
+    return "the whole tensor" if (a, b) == (0, n) and parts is None else f"elements {a}:{b}"
+
+
+def _two_level_hint(rank: int, present: list[int], p: int, ranks_per_node: int) -> str:
+    node = [q for q in range(p) if q // ranks_per_node == rank // ranks_per_node]
+    same_local = [q for q in range(p) if q % ranks_per_node == rank % ranks_per_node]
+    if present == node and len(node) < p:
+        return f": it holds only node {rank // ranks_per_node}'s sum, so the inter-node phase is missing " \
+               "or its result never reached this rank"
+    if present == same_local and len(same_local) < p:
+        return ": it holds only the ranks with the same local index, so the intra-node phase is missing"
+    return ""
+
+
+def _explain(sig: tuple, where: str, rank: int, p: int, got: float, want: float,
+             ranks_per_node: int | None) -> str:
+    at = f"{where} on rank {rank}"
+    kind = sig[0]
+    if kind == "own":
+        what = "that chunk was" if where.startswith("chunk") else "those elements were"
+        return f"{at} equals rank {rank}'s own input: {what} never reduced"
+    if kind == "zero":
+        return (f"{at} is all zeros: what was received never reached the tensor (receive into the "
+                "tensor's slice, or add/copy the receive buffer back into it)")
+    if kind == "nan":
+        return (f"{at} holds NaN or inf: a buffer from torch.empty was used before anything was received "
+                "into it")
+    if kind == "odd":
+        return (f"{at} holds {got:g} where {want:g} was expected, which no sum of the inputs explains: was "
+                "something subtracted or divided, or read from an uninitialised buffer (torch.empty)?")
+    if kind == "excess":
+        return (f"{at} holds more than the full sum ({got:g} where {want:g} was expected): some rank's "
+                "data was added more than once, so a chunk was added twice")
+    if kind == "shift":
+        return (f"{at} holds data from other positions: sender and receiver disagree on where a chunk "
+                "starts or ends (use chunk_bounds(n, p) on every rank, and send and receive the same chunk)")
+    if kind == "divided":
+        return (f"{at}: values are {sig[1]} times too small: the sum was divided by {sig[1]} (all-reduce "
+                "with SUM adds; average only if asked to)")
+    if kind == "times":
+        m = sig[1]
+        return (f"{at}: values are {'p = ' if m == p else ''}{m} times too large: every rank's data was "
+                f"added {m} times, so a chunk was added twice (did an all-gather step add instead of copy?)")
+    counts = sig[1]
+    present = [q for q in range(p) if counts[q]]
+    twice = [q for q in range(p) if counts[q] > 1]
+    missing = [q for q in range(p) if not counts[q]]
+    parts = []
+    if twice:
+        parts.append(f"counts the data of rank(s) {twice} more than once (up to {max(counts)} times): a "
+                     "chunk was added twice")
+    if missing:
+        hint = _two_level_hint(rank, present, p, ranks_per_node) if ranks_per_node else ""
+        parts.append(f"is missing the data of rank(s) {missing} (it sums ranks {present} only){hint}")
+    return f"{at} " + "; and it ".join(parts)
+
+
+def _diagnose(rank: int, p: int, n: int, original, got, expected, returned: Any,
+              ranks_per_node: int | None) -> list[str]:
+    """Every problem with this rank's result, most telling first; [] when it is right."""
+    import torch
+
+    problems = []
+    target = got
+    if returned is None:
+        problems.append(f"the function returned None on rank {rank}: return the tensor (`return tensor`)")
+    elif not isinstance(returned, torch.Tensor):
+        problems.append(f"the function returned a {type(returned).__name__} on rank {rank}: return the "
+                        "tensor")
+    elif returned is not got and torch.equal(got, original) and p > 1:
+        target = returned  # explain what it computed, and that it did not write it back
+        if tuple(returned.shape) != tuple(got.shape):
+            return problems + [f"the function returned shape {tuple(returned.shape)} on rank {rank}, but "
+                               f"the input has shape {tuple(got.shape)}: all-reduce keeps the shape"]
+        problems.append(f"the input was not modified in place on rank {rank}: the function returned a new "
+                        "tensor, but all-reduce must write the sum into the tensor it was given "
+                        "(e.g. tensor.copy_(result), or work on slices of tensor)")
+    values = target.double().reshape(-1).tolist()
+    want = expected.double().reshape(-1).tolist()
+    sigs = [_signature(v, w, i, rank, p) for i, (v, w) in enumerate(zip(values, want, strict=True))]
+    if all(s == ("own",) for s in sigs) and p > 1:
+        return problems + [f"the tensor on rank {rank} is unchanged (it still equals rank {rank}'s own "
+                           "input): nothing was reduced into it"]
+    runs: list[tuple[tuple, int, int]] = []
+    parts = p if ranks_per_node is None else None
+    chunks = chunk_bounds(n, parts) if parts else [(0, n)]
+    for i, sig in enumerate(sigs):  # consecutive elements with the same story, never across chunks
+        new_chunk = any(lo == i for lo, _ in chunks)
+        if runs and runs[-1][0] == sig and not new_chunk:
+            runs[-1] = (sig, runs[-1][1], i + 1)
+        else:
+            runs.append((sig, i, i + 1))
+    wrong = [(s, a, b) for s, a, b in runs if s != ("ok",)]
+    right = [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
+    partial = [s for s, _, _ in wrong if s[0] == "own" or (s[0] == "mix" and max(s[1]) == 1)]
+    if parts and wrong and n >= p > 1 and len(partial) == len(wrong):  # data missing, nothing doubled
+        if len(right) == 1:
+            problems.append(f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?")
+        elif all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
+            problems.append(f"every wrong chunk on rank {rank} holds one rank's data only: the all-gather "
+                            "spread chunks that were never reduced (does the reduce-scatter run p - 1 steps, "
+                            "and does the all-gather start from the chunk this rank finished reducing?)")
+    if len({s for s, _, _ in wrong}) == 1 and sum(b - a for _, a, b in wrong) == n and n > 1:
+        wrong = [(wrong[0][0], 0, n)]  # one story for the whole tensor: tell it once
+    details = [_explain(s, "the whole tensor" if (a, b) == (0, n) and n > 1 else _where(a, b, n, parts),
+                        rank, p, values[a], want[a], ranks_per_node) for s, a, b in wrong]
+    problems += details[:2] + ([f"(and {len(details) - 2} more wrong parts on rank {rank})"]
+                               if len(details) > 2 else [])
+    return problems
+
+
+def _run_cases(fn: Callable[..., Any], counts: Sequence[int], ranks_per_node: int | None) -> list[list[str]]:
+    """Body of every rank: the student's function on each element count; this rank's problems per count."""
+    import torch.distributed as dist
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    out = []
+    for n in counts:
+        tensor = encoded_input(rank, p, n)
+        original, expected = tensor.clone(), tensor.clone()
+        dist.all_reduce(expected)
+        returned = fn(tensor) if ranks_per_node is None else fn(tensor, ranks_per_node)
+        out.append(_diagnose(rank, p, n, original, tensor, expected, returned, ranks_per_node))
+        dist.barrier()  # keep the cases apart, whatever the function left in flight
+    return out

@@ -1,0 +1,64 @@
+"""The report of an exercise check: one `CaseResult` per world size or layout, gathered in a `CheckResult`.
+
+A `CheckResult` prints as text, shows as a table in a notebook, and is truthy when every case passed, so
+`assert check_...(fn)` works in a test. Every chapter's exercise checks return one.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CaseResult:
+    """The outcome on one world size (or node layout): passed, and if not, the explanation lines."""
+
+    label: str
+    passed: bool
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckResult:
+    """The report of one exercise check; prints as text, shows as a table in a notebook.
+
+    `bool(result)` is `result.passed`, so `assert check_ring_all_reduce(fn)` works in a test.
+    """
+
+    exercise: str
+    cases: list[CaseResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        verdict = "PASSED" if self.passed else "FAILED"
+        good = sum(c.passed for c in self.cases)
+        out = [f"{self.exercise}: {verdict} ({good} of {len(self.cases)} passed)"]
+        for c in self.cases:
+            out.append(f"  [{'pass' if c.passed else 'FAIL'}] {c.label}")
+            out += [f"         {line}" for line in c.lines]
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = "#009E73" if self.passed else "#D55E00"
+        rows = "".join(
+            f"<tr><td style='text-align:left'>{html.escape(c.label)}</td><td style='text-align:left;color:"
+            f"{'#009E73' if c.passed else '#D55E00'}'>{'✓ pass' if c.passed else '✗ fail'}</td>"
+            f"<td style='text-align:left'>{'<br>'.join(html.escape(line) for line in c.lines)}</td></tr>"
+            for c in self.cases)
+        return (f"<div><b style='color:{colour}'>{html.escape(self.exercise)}: "
+                f"{'passed' if self.passed else 'failed'}</b><table><tr><th>ranks</th><th>result</th>"
+                f"<th style='text-align:left'>what is wrong</th></tr>{rows}</table></div>")
+
+    def raise_if_failed(self) -> None:
+        """Raise AssertionError carrying the whole report, unless every case passed."""
+        if not self.passed:
+            raise AssertionError(str(self))

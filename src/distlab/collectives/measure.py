@@ -1,0 +1,224 @@
+"""The measurement loop of the benchmark, inside every rank: one call per implementation, timed in blocks.
+
+For each collective and size, `run_benchmark` builds one call per implementation with its buffers
+allocated once (ours from `ALGORITHMS`, and the built-in, named "torch"), warms each up, then times them
+in blocks of `iters` calls with a barrier before each block, interleaved in rotating order so that machine
+noise hits them alike. The time of a block is the slowest rank's (or the mean, as nccl-tests' `-a 1`), and
+a row holds the median over `repeats` blocks, with algbw and busbw as nccl-tests defines them (`busbw.py`).
+`bench.py` starts the ranks that run this, from a notebook or the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distlab import launch
+from distlab.collectives.busbw import BUILTIN, COLLECTIVES, Row, busbw_factor, format_table
+
+# Collectives whose size is split evenly over the ranks: nccl-tests rounds the count down to a multiple of p.
+_SPLIT = ("reduce_scatter", "all_gather", "all_to_all", "scatter", "gather")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
+_CHUNK = 256 << 20  # auto iteration count: each timed block moves about this many bytes
+
+
+def _check_sizes(sizes: Sequence[int]) -> list[int]:
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes is empty; pass at least one size in bytes, e.g. [4096] or '4K:4M'")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0:
+            raise ValueError(f"size={s!r} in sizes must be a positive integer number of bytes; "
+                             "e.g. sizes=[4096, 1 << 20] or parse_sizes('4K:4M')")
+    return [int(s) for s in sizes]
+
+
+# --------------------------------------------------------------------------------------------------
+# One call of each implementation, with its buffers allocated once
+# --------------------------------------------------------------------------------------------------
+
+def implementations_of(collective: str) -> list[str]:
+    """Our algorithms for `collective` (names in ALGORITHMS), then the built-in, "torch"."""
+    from distlab.collectives.algorithms import ALGORITHMS
+
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    return [name for name, algo in ALGORITHMS.items() if algo.collective == collective] + [BUILTIN]
+
+
+def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks_per_node: int
+               ) -> Callable[[], object]:
+    """A zero-argument function that runs one `collective` of `count` elements in all with `impl`.
+
+    Buffers are allocated once, here. `count` is the whole vector (see `busbw_factor`); a rank's part
+    of it is count / p elements.
+    """
+    from distlab.collectives.algorithms import ALGORITHMS
+
+    p, root, dev = launch.world_size(), launch.rank() == 0, launch.device()
+
+    def zeros(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device=dev)
+
+    whole = zeros(count) if collective in ("all_reduce", "reduce_scatter", "broadcast", "reduce") else None
+    part = zeros(count // p) if collective in _SPLIT and collective != "all_to_all" else None
+    parts = [zeros(count // p) for _ in range(p)] if collective == "all_to_all" or (
+        root and collective in ("scatter", "gather")) else None
+    if impl != BUILTIN:
+        algo = ALGORITHMS[impl]
+        extra = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
+        fn = algo.fn
+        return {
+            "all_reduce": lambda: fn(whole, **extra),
+            "reduce_scatter": lambda: fn(whole),
+            "all_gather": lambda: fn(part),
+            "broadcast": lambda: fn(whole, src=0),
+            "reduce": lambda: fn(whole, dst=0),
+            "all_to_all": lambda: fn(parts),
+            "scatter": lambda: fn(parts, src=0),
+            "gather": lambda: fn(part, dst=0),
+        }[collective]
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    out: Any = None  # the built-ins' output buffers
+    if collective == "all_gather":
+        out = zeros(count)
+    elif collective == "reduce_scatter":
+        out = zeros(count // p)
+    elif collective == "all_to_all":
+        out = [torch.empty_like(t) for t in parts]
+    return {
+        "all_reduce": lambda: dist.all_reduce(whole),
+        "reduce_scatter": lambda: reduce_scatter(out, whole),
+        "all_gather": lambda: all_gather(out, part),
+        "broadcast": lambda: dist.broadcast(whole, 0),
+        "reduce": lambda: dist.reduce(whole, 0),
+        "all_to_all": lambda: dist.all_to_all(out, parts),
+        "scatter": lambda: dist.scatter(part, parts, src=0),
+        "gather": lambda: dist.gather(part, parts, dst=0),
+    }[collective]
+
+
+def _element_count(collective: str, size: int, itemsize: int, p: int) -> int:
+    count = size // itemsize
+    if collective in _SPLIT:
+        count -= count % p  # as nccl-tests: a whole number of elements per rank
+    if count < 1 or (collective in _SPLIT and count < p):
+        least = itemsize * (p if collective in _SPLIT else 1)
+        raise ValueError(f"size={size} B is too small for {collective} on {p} ranks with {itemsize}-byte "
+                         f"elements; use sizes of at least {least} B")
+    return count
+
+
+def _auto_iters(size: int, iters: int | None) -> int:
+    return iters if iters is not None else int(np.clip(_CHUNK // size, 2, 20))
+
+
+# --------------------------------------------------------------------------------------------------
+# Inside every rank
+# --------------------------------------------------------------------------------------------------
+
+def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
+                  implementations: Sequence[str] | None = None, *, iters: int | None = None,
+                  warmup: int | None = None, repeats: int = 5,
+                  dtype: str = "float32", ranks_per_node: int | None = None, over_ranks: str = "max",
+                  progress_path: str | None = None, echo: bool = False) -> list[Row]:
+    """Inside every rank: time each implementation of each collective at each size; return the rows.
+
+    iters: calls per timed block (default: 20, fewer for big messages so that a block moves ~256 MB, at
+        least 2); warmup: untimed calls per implementation and size (default: min(5, iters));
+    repeats: timed blocks per implementation; the row has their median.
+    over_ranks: "max" (the slowest rank's time) or "mean" (nccl-tests' default) per block.
+    ranks_per_node: for hierarchical_all_reduce (default: torchrun's LOCAL_WORLD_SIZE on several nodes;
+        on one machine half the ranks if p is even and >= 4, else p).
+    progress_path: rank 0 appends a line to this file after each size (the parent's progress bar).
+    echo: rank 0 prints each row as it is measured (used under torchrun).
+    """
+    p, me, dev = launch.world_size(), launch.rank(), launch.device()
+    sizes = _check_sizes(sizes)
+    _check_choice("dtype", dtype, _DTYPES)
+    _check_choice("over_ranks", over_ranks, ("max", "mean"))
+    _check_counts(iters, warmup, repeats)
+    torch_dtype = _DTYPES[dtype]
+    itemsize = torch.tensor([], dtype=torch_dtype).element_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", p))
+    q = ranks_per_node or (local if local < p else p // 2 if p % 2 == 0 and p >= 4 else p)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    plan = {c: _pick(c, implementations) for c in collectives}
+    rows: list[Row] = []
+    if echo and me == 0:
+        print(format_table([]), flush=True)
+    for collective in collectives:
+        for size in sizes:
+            count = _element_count(collective, size, itemsize, p)
+            impls = plan[collective]
+            calls = [_make_call(collective, impl, count, torch_dtype, q) for impl in impls]
+            n_iter = _auto_iters(count * itemsize, iters)
+            for call in calls:
+                for _ in range(warmup if warmup is not None else min(5, n_iter)):
+                    call()
+            sync()
+            times = torch.zeros(repeats, len(impls), dtype=torch.float64)
+            for rep in range(repeats):
+                for k in range(len(impls)):
+                    j = (k + rep) % len(impls)  # rotate who goes first
+                    dist.barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n_iter):
+                        calls[j]()
+                    sync()
+                    times[rep, j] = (time.perf_counter() - t0) / n_iter
+            times = times.to(dev)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX if over_ranks == "max" else dist.ReduceOp.SUM)
+            times = times.cpu() / (1 if over_ranks == "max" else p)
+            new = [_row(collective, impl, p, count, itemsize, dtype, float(times[:, j].median()))
+                   for j, impl in enumerate(impls)]
+            rows += new
+            if me == 0 and echo:
+                print(format_table(new, header=False), flush=True)
+            if me == 0 and progress_path:
+                with open(progress_path, "a") as f:
+                    f.write(f"{collective} {size}\n")
+            del calls
+    return rows
+
+
+def _row(collective: str, impl: str, p: int, count: int, itemsize: int, dtype: str, seconds: float) -> Row:
+    size = count * itemsize
+    algbw = size / seconds / 1e9
+    busbw = algbw * busbw_factor(collective, p)
+    return Row(collective, impl, p, size, count, dtype, seconds * 1e6, algbw, busbw)
+
+
+def _check_counts(iters: int | None, warmup: int | None, repeats: int) -> None:
+    for name, value, least in (("iters", iters, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}, e.g. {name}=5")
+
+
+def _check_choice(name: str, value: object, allowed: Sequence[str] | dict) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+def _pick(collective: str, implementations: Sequence[str] | None) -> list[str]:
+    known = implementations_of(collective)
+    if implementations is None:
+        return known
+    every = {i for c in COLLECTIVES for i in implementations_of(c)}
+    for impl in implementations:
+        if impl not in every:
+            raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(sorted(every))}")
+    chosen = [i for i in implementations if i in known]
+    if not chosen:
+        raise ValueError(f"none of implementations={list(implementations)!r} implements {collective}; "
+                         f"add one of {', '.join(known)}")
+    return chosen
