@@ -14,13 +14,12 @@ It runs in this process (no ranks): the rule is pure bookkeeping.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from distlab.async_sgd.schedule import Deadlock, simulate
 from distlab.async_sgd.ssp import may_start, version_staleness_bound
+from distlab.collectives.check_result import CaseResult, CheckResult
 
 # (clock, clocks, staleness, what a wrong answer means)
 CASES: tuple[tuple[int, tuple[int, ...], float, str], ...] = (
@@ -36,34 +35,6 @@ CASES: tuple[tuple[int, tuple[int, ...], float, str], ...] = (
     (50, (0, 50, 50), math.inf, "with s = infinity (fully asynchronous) no one ever waits"),
     (0, (0,), 0, "a single worker must always be allowed to go on"),
 )
-
-
-@dataclass
-class CheckResult:
-    """The verdict of `check_may_start`: passed, and one line per problem found."""
-
-    exercise: str
-    problems: list[str] = field(default_factory=list)
-    cases: int = 0
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __str__(self) -> str:
-        head = f"{self.exercise}: {'PASSED' if self.passed else 'FAILED'} ({self.cases} checks)"
-        return "\n".join([head] + [f"  - {p}" for p in self.problems])
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        colour = "#009E73" if self.passed else "#D55E00"
-        items = "".join(f"<li>{html.escape(p)}</li>" for p in self.problems)
-        return (f"<div><b style='color:{colour}'>{html.escape(str(self).splitlines()[0])}</b>"
-                f"{f'<ul>{items}</ul>' if items else ''}</div>")
 
 
 def _scenarios() -> list[tuple[str, Sequence[float], float]]:
@@ -90,36 +61,34 @@ def check_may_start(fn: Callable[[int, Sequence[int], float], bool]) -> CheckRes
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_may_start(my_may_start), without calling it")
-    result = CheckResult("check_may_start")
+    cases: list[CaseResult] = []
     for clock, clocks, s, meaning in CASES:
-        result.cases += 1
+        label = f"may_start({clock}, {list(clocks)}, {s})"
         try:
             got = fn(clock, list(clocks), s)
         except Exception as e:  # noqa: BLE001 (report any mistake)
-            result.problems.append(f"may_start({clock}, {list(clocks)}, {s}) raised "
-                                   f"{type(e).__name__}: {e}")
+            cases.append(CaseResult(label, False, [f"raised {type(e).__name__}: {e}"]))
             continue
         want = may_start(clock, clocks, s)
-        if not isinstance(got, (bool, int)) or bool(got) != want:
-            result.problems.append(f"may_start({clock}, {list(clocks)}, {s}) returned {got!r}, expected "
-                                   f"{want}: {meaning}")
+        ok = isinstance(got, (bool, int)) and bool(got) == want
+        cases.append(CaseResult(label, ok, [] if ok else [f"returned {got!r}, expected {want}: {meaning}"]))
     for mode, times, s in _scenarios():
-        result.cases += 1
-        what = f"in a simulated {mode} run{f' with s = {s}' if mode == 'ssp' else ''}, step times {times},"
+        label = f"simulated {mode} run{f' with s = {s}' if mode == 'ssp' else ''}, step times {times}"
         seen: list[str] = []
         try:
             steps = simulate(mode, times, 8, s if mode == "ssp" else math.inf, rule=_recording(fn, seen))
         except Deadlock as e:
-            result.problems.append(f"{what} the rule deadlocks: {e}")
+            cases.append(CaseResult(label, False, [f"the rule deadlocks: {e}"]))
             continue
         except Exception as e:  # noqa: BLE001 (report any mistake)
-            result.problems.append(f"{what} the rule raised {type(e).__name__}: {e}")
+            cases.append(CaseResult(label, False, [f"the rule raised {type(e).__name__}: {e}"]))
             continue
         bound = version_staleness_bound(len(times), {"sync": 0, "ssp": s, "async": math.inf}[mode])
         worst = max(st.staleness for st in steps)
         if mode != "sync" and worst > bound:
-            result.problems.append(f"{what} a gradient was {worst} updates stale, more than SSP allows "
-                                   f"((W - 1)(2s + 1) = {bound}): fast workers ran too far ahead")
-        elif seen:
-            result.problems.append(f"{what} the rule {seen[0]}")
-    return result
+            cases.append(CaseResult(label, False, [f"a gradient was {worst} updates stale, more than SSP "
+                                                   f"allows ((W - 1)(2s + 1) = {bound}): fast workers ran "
+                                                   "too far ahead"]))
+        else:
+            cases.append(CaseResult(label, not seen, [f"the rule {seen[0]}"] if seen else []))
+    return CheckResult("check_may_start", cases)
