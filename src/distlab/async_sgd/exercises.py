@@ -91,4 +91,4 @@ def check_may_start(fn: Callable[[int, Sequence[int], float], bool]) -> CheckRes
                                                    "too far ahead"]))
         else:
             cases.append(CaseResult(label, not seen, [f"the rule {seen[0]}"] if seen else []))
-    return CheckResult("check_may_start", cases)
+    return CheckResult("check_may_start", cases, case_heading="case")

@@ -28,6 +28,7 @@ class CheckResult:
 
     exercise: str
     cases: list[CaseResult]
+    case_heading: str = "ranks"  # what one case is, for the notebook table's first column
 
     @property
     def passed(self) -> bool:
@@ -55,7 +56,8 @@ class CheckResult:
             f"<td style='text-align:left'>{'<br>'.join(html.escape(line) for line in c.lines)}</td></tr>"
             for c in self.cases)
         return (f"<div><b style='color:{colour}'>{html.escape(self.exercise)}: "
-                f"{'passed' if self.passed else 'failed'}</b><table><tr><th>ranks</th><th>result</th>"
+                f"{'passed' if self.passed else 'failed'}</b><table><tr>"
+                f"<th>{html.escape(self.case_heading)}</th><th>result</th>"
                 f"<th style='text-align:left'>what is wrong</th></tr>{rows}</table></div>")
 
     def raise_if_failed(self) -> None:
