@@ -17,16 +17,19 @@ import torch.distributed as dist
 from test_launch_diagnosis import within
 
 from distlab import launch
+from distlab.collectives import ring_all_reduce
 
 
 def _irecv_from_a_rank_that_exits() -> None:
     if launch.rank() == 1:
         os._exit(0)  # leaves without a result and without an exception
+    if launch.rank() == 2:
+        ring_all_reduce(torch.ones(4))  # chapter 1's ring: its error comes out of Work.wait() in p2p.py
     dist.irecv(torch.zeros(1), src=1).wait()  # the error comes out of Work.wait(), in this frame
 
 
-def test_rank_that_exits_is_blamed_when_its_peer_fails_in_work_wait():
-    out = within(60, launch.run, _irecv_from_a_rank_that_exits, 2, timeout=20)
+def test_rank_that_exits_is_blamed_when_its_peers_fail_in_work_wait():
+    out = within(60, launch.run, _irecv_from_a_rank_that_exits, 3, timeout=20)
     err = out["error"]
     assert isinstance(err, launch.RankError) and err.rank == 1, str(err)
     msg = str(err)
@@ -35,6 +38,8 @@ def test_rank_that_exits_is_blamed_when_its_peer_fails_in_work_wait():
     assert re.search(r"  rank 0: lost its connection to a peer in _irecv_from_a_rank_that_exits, at .*line "
                      r"\d+: dist.irecv\(torch.zeros\(1\), src=1\).wait\(\)  \(a consequence\)", msg), msg
     assert "  rank 1: exited with code 0 without raising a Python exception  (the cause)" in msg
+    assert re.search(r"  rank 2: lost its connection to a peer in sendrecv, at .*p2p.py, line \d+: "
+                     r"work.wait\(\)  \(a consequence\)", msg), msg
 
 
 def _mismatched_sizes() -> None:
