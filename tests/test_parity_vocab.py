@@ -131,6 +131,13 @@ def test_merge_takes_the_worst_over_ranks_and_keeps_extras():
         parity.merge([r0, compare({"other": x}, {"other": x})])
 
 
+def test_a_state_dict_is_one_family_when_named():
+    grads = named_grads(6, torch.float32)
+    report = compare(grads, grads, name="parameters", label="p = 2", against="one process")
+    assert report.verdict() == "p = 2: all 6 parameters agree with one process within 1e-05: ok"
+    assert list(report.flat())[0] == "parameters[layer0.weight]"
+
+
 def test_a_one_member_family_is_named_with_its_member():
     report = compare({"gradients": {"w": torch.ones(1)}}, {"gradients": {"w": torch.ones(1)}})
     assert report.verdict() == "gradients (w) agree within 1e-05: ok"

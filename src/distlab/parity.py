@@ -52,6 +52,7 @@ class ParityReport:
     dtype: torch.dtype | None = None
     label: str = ""
     extra: list[str] = field(default_factory=list)  # further claims that failed, e.g. "routing"
+    against: str = ""  # what the reference is, in words ("one process"), for the verdict
 
     @property
     def passed(self) -> bool:
@@ -97,7 +98,8 @@ class ParityReport:
     def verdict(self) -> str:
         """One line that is the same on every machine: the claim, and ok or the names of what failed."""
         head = f"{self.label}: " if self.label else ""
-        head += f"{self.subject()} {self._agree()} within {self.tolerance:g}"
+        head += f"{self.subject()} {self._agree()}{' with ' + self.against if self.against else ''}"
+        head += f" within {self.tolerance:g}"
         if self.passed:
             return head + ": ok"
         bad = self.failures()
@@ -132,18 +134,23 @@ def merge(reports: Iterable[ParityReport], label: str | None = None) -> ParityRe
     diffs = {fam: {m: _max_nan(r.differences[fam][m] for r in reports) for m in members}
              for fam, members in first.differences.items()}
     extra = list(dict.fromkeys(e for r in reports for e in r.extra))
-    return ParityReport(diffs, first.tolerance, first.dtype, first.label if label is None else label, extra)
+    return ParityReport(diffs, first.tolerance, first.dtype, first.label if label is None else label, extra,
+                        first.against)
 
 
 def compare(ours: Value, reference: Value, *, dtype: torch.dtype | None = None, tol: float | None = None,
-            name: str = "output", label: str = "", equal_nan: bool = False) -> ParityReport:
+            name: str | None = None, label: str = "", against: str = "", equal_nan: bool = False
+            ) -> ParityReport:
     """The largest absolute difference of every quantity in `ours` from the same one in `reference`.
 
     ours, reference: a tensor, a number, a sequence (a loss curve), or a dict of these (top-level keys
         name families: {"logits": t, "gradients": {name: t}}); both must have the same keys and shapes.
     dtype: picks the tolerance from `TOLERANCE`; by default the lowest precision among `ours`'s tensors.
     tol: a tolerance that replaces the table's (say why where you pass one).
-    name: the family name of `ours` when it is not a dict ("loss", "losses", "output").
+    name: the family name of `ours` ("loss", "losses"; "output" by default). Given with a dict, the dict
+        is one family of that name (a state dict: name="parameters"); without, its keys are families.
+    label: what ran, printed first in the verdict ("tp=2 float64"); against: what the reference is, in
+        words ("one process"), for the verdict.
     equal_nan: a nan on both sides at the same place counts as agreement (a loss over targets that are all
         ignored is nan in both models); otherwise any nan fails.
     """
@@ -157,12 +164,13 @@ def compare(ours: Value, reference: Value, *, dtype: torch.dtype | None = None, 
             raise ValueError(f"dtype={dtype} has no tolerance in distlab.parity.TOLERANCE "
                              f"({', '.join(str(d) for d in TOLERANCE)}); pass tol= and say why")
         tol = TOLERANCE[dtype]
-    if isinstance(ours, Mapping):
+    if isinstance(ours, Mapping) and name is None:
         _same_keys(ours, reference, "")
         families = {str(k): _family(str(k), ours[k], reference[k], equal_nan) for k in ours}
     else:
+        name = name or "output"
         families = {name: _family(name, ours, reference, equal_nan)}
-    return ParityReport(families, tol, dtype, label)
+    return ParityReport(families, tol, dtype, label, against=against)
 
 
 def _family(name: str, ours: Value, ref: Value, equal_nan: bool) -> dict[str, float]:
