@@ -8,10 +8,10 @@ import math
 import pytest
 from matplotlib.figure import Figure
 
-from distlab.parallel3d import checkpoint_cost as cost
-from distlab.parallel3d.checkpoint_exercises import check_steps_lost
-from distlab.parallel3d.checkpoint_figures import resume_figure
-from distlab.parallel3d.checkpoint_parity import verdict
+from distlab.parallel3d.checkpoint import cost_model as cost
+from distlab.parallel3d.checkpoint.exercises import check_steps_lost
+from distlab.parallel3d.checkpoint.figures import resume_figure
+from distlab.parallel3d.checkpoint.parity import verdict
 
 
 def test_young_and_daly():

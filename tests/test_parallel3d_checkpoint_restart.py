@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from distlab.parallel3d.checkpoint_train import TrainConfig, reference_losses
+from distlab.parallel3d.checkpoint.train import TrainConfig, reference_losses
 from distlab.parallel3d.multinode import run_standalone
 from distlab.parallel3d.restart import parse_args, summarize
 

@@ -4,7 +4,7 @@
         --dp 1 --pp 2 --tp 2 --steps 8 --every 3 --kill-at-step 5 --dir /tmp/run
 
 It trains the 3D-parallel GPT (`train.Trainer3D` on `grid(dp=, pp=, tp=)`, ZeRO stage 2 over dp) on
-`checkpoint_train`'s model and data, so its losses equal `checkpoint_train.reference_losses`.
+`checkpoint.train`'s model and data, so its losses equal `checkpoint.train.reference_losses`.
 
 Each attempt (torchrun's `TORCHELASTIC_RESTART_COUNT`: 0, then 1, ...) starts by loading the newest
 complete checkpoint under `--dir`, if there is one, and trains up to `--steps`, saving after every
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from distlab import mesh as meshes
 from distlab.parallel3d import checkpoint
-from distlab.parallel3d.checkpoint_train import TrainConfig, dataset, global_batch
+from distlab.parallel3d.checkpoint.train import TrainConfig, dataset, global_batch
 from distlab.parallel3d.config import Plan3D
 from distlab.parallel3d.train import Trainer3D
 

@@ -2,7 +2,7 @@
 
 `resume_on_meshes` (run on 4 ranks by `distlab.launch.run`) trains without a break at grid(dp=2, tp=2),
 saving after `save_at` steps, then loads that checkpoint at each target mesh and trains on. `verdict`
-compares every curve with the single-process reference (`checkpoint_train.reference_losses`) within
+compares every curve with the single-process reference (`checkpoint.train.reference_losses`) within
 TOLERANCE: float64 sums in another order differ by a few 2**-53 per step; a lost optimizer state or a
 misplaced shard moves the loss by ~1e-3.
 """
@@ -16,7 +16,7 @@ import torch
 
 from distlab import mesh as meshes
 from distlab.parallel3d import checkpoint
-from distlab.parallel3d.checkpoint_train import TrainConfig, Trainer, reference_losses
+from distlab.parallel3d.checkpoint.train import TrainConfig, Trainer, reference_losses
 
 TOLERANCE = 1e-10
 
