@@ -8,8 +8,6 @@ for the ignored targets)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -41,16 +39,17 @@ def _on_ranks(seq_len: int, uneven: int, extras: bool) -> dict:
     return out
 
 
-def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str, float]:
-    """{case/layout: worst difference} of the cp loss (summed over the group) and of every gradient
-    (all-reduced) from the dense GPT's F.cross_entropy(ignore_index=-100), in float64. Cases: a third of
-    the targets ignored; all of them (the dense loss is NaN, its gradients zero); an uneven length
-    padded at its end, inputs with token 0 and targets with -100, against the dense run unpadded. NaN
-    against NaN counts as equal, NaN against a number as infinitely far."""
+def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str, str]:
+    """{case/layout: verdict} of the cp loss (summed over the group) and every gradient (all-reduced)
+    against the dense GPT's F.cross_entropy(ignore_index=-100), in float64 (`distlab.parity.compare`).
+    Cases: a third of the targets ignored; all of them (the dense loss is NaN, its gradients zero: NaN
+    against NaN agrees, NaN against a number fails); an uneven length padded at its end, inputs with
+    token 0 and targets with -100, against the dense run unpadded."""
     from distlab.context_parallel.layer import all_reduce_grads, cp_gpt_loss
     from distlab.context_parallel.layouts import pad_to_multiple
     from distlab.mesh import group_size
     from distlab.models import GPT, GPTConfig
+    from distlab.parity import compare
 
     torch.manual_seed(3)
     config = GPTConfig(vocab_size=7, block_size=24, n_layer=1, n_head=2, n_embd=8)
@@ -61,10 +60,6 @@ def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str,
     some[torch.rand(2, 24, generator=g) < 1 / 3] = -100
     p = group_size(group)
     uneven = 4 * p - 1 if p > 1 else 5
-
-    def gap(a: float, b: float) -> float:
-        return 0.0 if math.isnan(a) and math.isnan(b) else abs(a - b) if not math.isnan(a - b) else math.inf
-
     out = {}
     for case, (x, y) in {"some": (idx, some), "all": (idx, torch.full_like(idx, -100)),
                          "padded": (idx[:, :uneven], some[:, :uneven])}.items():
@@ -84,9 +79,10 @@ def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str,
             total = loss.detach().clone()
             if p > 1:
                 dist.all_reduce(total, group=group)
-            grads = [(a.grad - b.grad).abs().max().item() for a, b in zip(ring.parameters(), ref.parameters(),
-                                                                           strict=True)]
-            out[f"{case}/{layout}"] = max(gap(total.item(), want.item()), *grads)
+            ours = {"loss": total, "gradients": {n: q.grad for n, q in ring.named_parameters()}}
+            theirs = {"loss": want.detach(), "gradients": {n: q.grad for n, q in ref.named_parameters()}}
+            out[f"{case}/{layout}"] = compare(ours, theirs, dtype=torch.float64, equal_nan=True,
+                                              label=f"{case}/{layout}").verdict()
     return out
 
 
@@ -124,10 +120,11 @@ def test_ring_attention_on_ranks(p: int, seq_len: int, uneven: int) -> None:
             assert res["memory"] == cost_model.attention_saved_bytes(2, seq_len, 1, 2, 8, 8)
 
 
-def _check_ignored(worst: dict[str, float]) -> None:
-    assert sorted(worst) == sorted(f"{c}/{lay}" for c in ("some", "all", "padded")
-                                   for lay in ("zigzag", "contiguous"))
-    assert all(v <= TOL for v in worst.values()), worst
+def _check_ignored(verdicts: dict[str, str]) -> None:
+    assert sorted(verdicts) == sorted(f"{c}/{lay}" for c in ("some", "all", "padded")
+                                      for lay in ("zigzag", "contiguous"))
+    for case, line in verdicts.items():
+        assert line == f"{case}: loss and all 16 gradients agree within 1e-10: ok", line
 
 
 def test_ignored_targets_count_as_in_cross_entropy_on_one_process() -> None:
