@@ -31,3 +31,17 @@ def test_timelines_give_time_in_units_of_t_f_and_legible_labels() -> None:
     zbv = fig.axes[-1]
     pale = [t for t in zbv.texts if t.get_color() == "black"]
     assert pale, "the labels on ZB-V's paler second-chunk boxes must be dark, not white on pale"
+
+
+def test_lab7s_static_explorer_names_the_settings_it_holds_and_never_rounds_to_zero() -> None:
+    from distlab.explorers import frame_json, static_html
+    from distlab.memory.figures import estimator_frame
+
+    grid = {"dp": [1, 16, 128], "zero": [0, 1, 2, 3], "recompute": ["none", "selective", "full"]}
+    held = {"tp": 8, "pp": 8, "schedule": "1f1b", "micro_batch": 1, "offload": False}
+    text = static_html("memory-estimator", estimator_frame, grid, held)
+    assert ("the other settings are held at tp = 8, pp = 8, schedule = 1f1b, micro_batch = 1, offload = no"
+            in text), text[:400]
+    frames = frame_json(text)["layout"]["meta"]["frames"]
+    zero3_dp128 = dict(zip(*frames["2,3,1"], strict=True))
+    assert zero3_dp128["params"] == "0.044 GB", zero3_dp128

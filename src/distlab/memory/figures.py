@@ -226,8 +226,14 @@ def estimator_frame(**settings: object) -> list[tuple[str, str]]:
         e = estimator.estimate(estimator.MemoryConfig(**GPT3, **settings, microbatches=8))
     except ValueError as err:
         return [("cannot estimate", str(err))]
-    return [(k.removesuffix("_bytes"), f"{getattr(e, k) / 1e9:.1f} GB") for k in (*KINDS, "total_bytes",
-                                                                                   "host_bytes")]
+    return [(k.removesuffix("_bytes"), _gb(getattr(e, k))) for k in (*KINDS, "total_bytes", "host_bytes")]
+
+
+def _gb(nbytes: float) -> str:
+    """Bytes as GB, one decimal from 1 GB up and two significant digits below (ZeRO-3 over 128 ranks leaves
+    each rank 0.044 GB of parameters, not "0.0 GB")."""
+    gb = nbytes / 1e9
+    return f"{gb:,.1f} GB" if gb >= 1 or gb == 0 else f"{gb:.2g} GB"
 
 
 def estimator_explorer():  # -> ipywidgets.Widget
