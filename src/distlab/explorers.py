@@ -176,7 +176,7 @@ def static_html(name: str, draw: Callable[..., Frame], grid: Mapping[str, Sequen
     held = ", ".join(f"{k} = {_shown(v)}" for k, v in (fixed or {}).items())
     note = ('<p class="distlab-explorer-note">Precomputed explorer: drag a slider to pick a setting'
             + (f"; the other settings are held at {html.escape(held)}" if held else "")
-            + " (in JupyterLab the same explorer runs live, over every value of every control).</p>")
+            + " (in JupyterLab the same explorer runs live, over every value).</p>")
     figure = static_figure(draw, grid, fixed, start).to_html(
         full_html=False, include_plotlyjs=False, div_id=f"distlab-{name}", post_script=POST_SCRIPT,
         config={"displayModeBar": False, "responsive": True, "staticPlot": False})
