@@ -91,7 +91,8 @@ def student_notebook(nb: dict, name: str = "notebook", book: str = "../book") ->
             cell.get("metadata", {}).pop(key, None)
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = relink(text, book)
+            if relink(text, book) != text:  # otherwise the cell stays exactly as it was
+                cell["source"] = relink(text, book)
         if cell["cell_type"] != "code":
             continue
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
