@@ -12,18 +12,32 @@ STAMP  := $(VENV)/.installed
 TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -o 'torch==[0-9][0-9a-z.]*' pyproject.toml | head -n 1)
+# Said before pip starts when torch is not installed yet, on Linux without an NVIDIA GPU (no nvidia-smi,
+# no /proc/driver/nvidia) and no TORCH_INDEX given: how to take the CPU build instead. It only prints (CI
+# and scripts never wait on it); Ctrl-C stops the download.
+NO_GPU_NOTICE = if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 \
+	  && [ ! -e /proc/driver/nvidia ] && ! $(BIN)/python -c 'import torch' >/dev/null 2>&1; then \
+	  echo "distlab: this Linux machine has no NVIDIA GPU, but PyPI's torch is the CUDA build (several GB)."; \
+	  echo "distlab: to take the CPU-only build instead, press Ctrl-C now and run:"; \
+	  echo "distlab:     make $(or $(MAKECMDGOALS),lab) TORCH_INDEX=$(CPU_TORCH_INDEX)"; fi
 INSTRUCTOR_HTML := _build/instructor/_build/html
 
 .DEFAULT_GOAL := help
-.PHONY: help env kernel lab test book book-instructor student lint clean
+# The student's own copies of the labs (no worked solutions): made once by `make lab`, never overwritten.
+MYLABS ?= mylabs
+.PHONY: help env kernel lab mylabs lab-reset lab-instructor progress test book book-instructor student lint clean
 
 help:
-	@echo "make lab    set up .venv (first time only) and open JupyterLab on labs/"
+	@echo "make lab    set up .venv (first time only) and open JupyterLab on your own copies of the labs,"
+	@echo "            in $(MYLABS)/ (made once, without the worked solutions; your work there is never overwritten)"
+	@echo "make lab-reset LAB=04  start lab 04 afresh (your copy is kept as $(MYLABS)/04_*.before-reset.ipynb)"
+	@echo "make progress  which exercises pass, fail or are not written yet (also: .venv/bin/distlab progress)"
 	@echo "make test   run the whole suite: unit tests, every lab notebook (nbval), the book build"
 	@echo "make book   draw the figures and build the public book (no worked solutions) into _build/html"
 	@echo "make book-instructor  the same book with the worked solutions, into $(INSTRUCTOR_HTML)"
 	@echo "make student  write the student versions of the labs (solutions stubbed) into _build/student"
 	@echo "On a Linux laptop without a GPU: make lab TORCH_INDEX=$(CPU_TORCH_INDEX)  (CPU-only torch)"
+	@echo "make lab-instructor  open JupyterLab on labs/: the full labs, with the worked solutions"
 	@echo "make lint   ruff check src tests labs tools"
 	@echo "make clean  remove build outputs (keeps .venv; 'rm -rf .venv' to start over)"
 
@@ -34,6 +48,7 @@ $(STAMP): pyproject.toml
 	  echo "distlab needs Python 3.10 or newer; '$(PYTHON)' is older. Run e.g. 'make PYTHON=python3.11 lab'."; \
 	  exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(if $(TORCH_INDEX),:,$(NO_GPU_NOTICE))
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)" \
 	  --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
@@ -47,8 +62,27 @@ kernel: $(STAMP)
 # LAB_ARGS passes options to JupyterLab (e.g. LAB_ARGS="--no-browser --port 8890"); as root (containers,
 # cloud GPU nodes) JupyterLab refuses to start without --allow-root, so it is added there.
 LAB_ARGS ?=
-lab: kernel
-	$(BIN)/jupyter lab labs/ $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
+# `make lab` opens the student's copies in $(MYLABS)/ (git ignores it); `make mylabs` writes the ones that are
+# missing there and never touches one that exists. Progress goes to ~/.distlab/progress.json (distlab.progress).
+ALLOW_ROOT = $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: kernel mylabs
+	$(BIN)/jupyter lab $(MYLABS)/ $(LAB_ARGS) $(ALLOW_ROOT)
+
+mylabs: $(STAMP)
+	@$(BIN)/python -m distlab.student labs/[0-9][0-9]_*.ipynb --out $(MYLABS) --keep
+
+lab-reset: $(STAMP)
+	@test -n "$(LAB)" || { echo "Say which lab to start afresh, e.g. make lab-reset LAB=04"; exit 2; }
+	@set -- labs/$(LAB)_*.ipynb; test -f "$$1" || { echo "No lab numbered '$(LAB)' in labs/ (e.g. LAB=04)"; \
+	  exit 2; }; $(BIN)/python -m distlab.student "$$1" --out $(MYLABS) --reset
+
+# Instructors: the full labs, with the worked solutions and their stored outputs; nothing is recorded as the
+# student's progress (the solutions pass).
+lab-instructor: kernel
+	DISTLAB_PROGRESS=off $(BIN)/jupyter lab labs/ $(LAB_ARGS) $(ALLOW_ROOT)
+
+progress: $(STAMP)
+	@$(BIN)/distlab progress
 
 # Two pytest runs: tests/ (including tests/test_book.py, which builds the book), then every notebook in labs/
 # under nbval. The labs run with one thread (OMP_NUM_THREADS=1) while their stored outputs were made with
@@ -59,9 +93,12 @@ lab: kernel
 # builds in one of them (tests/conftest.py). TEST_WORKERS=1 runs them in one process, as plain pytest does.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with labs/nbval-sanitize.cfg
 TEST_WORKERS ?= 2
+# The labs' checks record their verdicts in a temporary file here (DISTLAB_PROGRESS), never in a student's
+# ~/.distlab/progress.json; tests/conftest.py does the same for tests/.
 test: $(STAMP)
 	$(BIN)/pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=25 tests
-	OMP_NUM_THREADS=1 $(BIN)/pytest $(NBVAL) --durations=15 labs
+	tmp=$$(mktemp -d) && DISTLAB_PROGRESS=$$tmp/progress.json OMP_NUM_THREADS=1 \
+	  $(BIN)/pytest $(NBVAL) --durations=15 labs; status=$$?; rm -rf "$$tmp"; exit $$status
 
 # Two editions of the book (tools/distlab_book.py): the public site, whose labs show each check's verdict
 # but not the worked solution, and the instructor's, with the solutions. Both build offline.

@@ -105,6 +105,15 @@ def test_public_site_shows_no_solution_but_keeps_the_checks(public: Path, instru
             f"{outputs[1]}; removing a solution's source must keep its output (the check's verdict)")
 
 
+def test_instructor_edition_says_so_and_both_have_a_favicon(public: Path, instructor: Path) -> None:
+    banner = "Instructor edition: these pages contain the worked solution"  # tools/distlab_book.py
+    page = "book/04-pipeline.html"
+    assert banner in (instructor / page).read_text(encoding="utf-8")
+    assert banner not in (public / page).read_text(encoding="utf-8")
+    for site in (public, instructor):
+        assert 'rel="icon"' in (site / page).read_text(encoding="utf-8") and any(site.rglob("favicon.svg"))
+
+
 def test_public_download_of_a_lab_is_the_student_version(public: Path) -> None:
     copies = sorted((public / "_sources" / "labs").glob("*.ipynb"))
     assert copies, "the public site has no lab notebooks under _sources/labs (the download button)"

@@ -277,3 +277,66 @@ def test_moving_an_explorer_slider_changes_its_figure(site: Site) -> None:
     assert after["frame"] != before["frame"], "moving the slider left the explorer's picture unchanged"
     assert not visit.console_errors, visit.console_errors
     assert not visit.foreign_requests, visit.foreign_requests
+
+
+# Lab 7's static estimator explorer: it names the settings it holds, leaves no blank band above its sliders,
+# and in dark mode stays inside the text column.
+MEMORY_PAGE, MEMORY_ID = "labs/07_memory.html", "distlab-memory-estimator"
+MEMORY_STATE = """
+(id) => {
+  const gd = document.getElementById(id);
+  if (!gd || !gd.layout) return null;
+  const box = gd.closest(".distlab-explorer");
+  const note = box.querySelector(".distlab-explorer-note").textContent;
+  const column = document.querySelector("article.bd-article") || document.querySelector("main");
+  const table = gd.querySelector(".table").getBoundingClientRect();
+  const rails = [...gd.querySelectorAll("rect.slider-rail-touch-rect")].map((r) => r.getBoundingClientRect());
+  const cells = [...gd.querySelectorAll(".table .cell-text")].map((t) => t.textContent);
+  return {note, cells, right: gd.getBoundingClientRect().right,
+          column: column.getBoundingClientRect().right + 1,
+          gap: Math.min(...rails.map((r) => r.top)) - table.bottom};
+}
+"""
+
+
+def test_lab7s_explorer_names_what_it_holds_and_fits_in_dark_mode(site: Site) -> None:
+    with open_page(site, MEMORY_PAGE) as page:
+        page.wait_for_function(f"() => document.getElementById({MEMORY_ID!r})?.layout", timeout=20_000)
+        page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; "
+                      "window.dispatchEvent(new Event('resize')); }")
+        page.wait_for_timeout(300)
+        state = page.evaluate(MEMORY_STATE, MEMORY_ID)
+        page.locator(f"#{MEMORY_ID}").scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / "explorer-memory-dark.png", full_page=False)
+    assert "held at tp = 8, pp = 8, schedule = 1f1b, micro_batch = 1, offload = no" in state["note"], state
+    assert state["right"] <= state["column"], f"the explorer overflows the column: {state}"
+    assert state["gap"] < 60, f"a blank band of {state['gap']:.0f}px sits between the table and the sliders"
+    assert "0.0 GB" not in state["cells"][:5], state["cells"]
+
+
+# An exercise check's report (distlab.checks.CheckResult) on the site: its columns do not run together.
+CHECK_TABLE = """
+() => {
+  const out = [];
+  for (const table of document.querySelectorAll("div.cell_output table")) {
+    const head = [...table.querySelectorAll("th")].map((th) => th.textContent.trim());
+    if (!head.includes("result") || !head.includes("what is wrong")) continue;
+    const row = table.querySelector("tr:nth-child(2)");
+    const [a, b] = [...row.querySelectorAll("td")].map((td) => {
+      const range = document.createRange();
+      range.selectNodeContents(td);
+      return range.getBoundingClientRect();
+    });
+    out.push({space: b.left - a.right, label: row.textContent.trim().slice(0, 40)});
+  }
+  return out;
+}
+"""
+
+
+def test_check_reports_render_as_tables_whose_columns_stand_apart(site: Site) -> None:
+    with open_page(site, "labs/09_putting_it_together.html") as page:
+        tables = page.evaluate(CHECK_TABLE)
+    assert tables, "lab 9's page shows no exercise check table"
+    crowded = [t for t in tables if t["space"] < 8]
+    assert not crowded, f"the check tables' first two columns run together: {crowded}"

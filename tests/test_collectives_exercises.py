@@ -277,3 +277,28 @@ def test_bad_layouts_are_named():
         ex.check_two_level_all_reduce(two_level, layouts=(4,), progress=False)
     with pytest.raises(ValueError, match=r"nodes \* ranks_per_node=\(12,\) must hold"):
         ex.check_two_level_all_reduce(two_level, layouts=((3, 4),), progress=False)
+
+
+def receives_into_the_chunk_it_sends(tensor):
+    """The classic index slip: at step s, recv into chunk (r - s) % p, the one this rank sends."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    chunks = [tensor[a:b] for a, b in chunk_bounds(tensor.numel(), p)]
+    for s in range(p - 1):
+        incoming = torch.empty_like(chunks[(r - s) % p])
+        request = dist.isend(chunks[(r - s) % p], (r + 1) % p)
+        dist.recv(incoming, (r - 1) % p)
+        request.wait()
+        chunks[(r - s) % p].add_(incoming)
+    return tensor
+
+
+def test_a_wrong_chunk_index_is_named_without_gloos_noise(capsys):
+    """gloo aborts a rank whose message is longer than its buffer ("Received data size doesn't match
+    expected size"); the check says which sizes and chunks differ, and prints none of gloo's lines."""
+    result = ex.check_ring_all_reduce(receives_into_the_chunk_it_sends, world_sizes=(3,), counts=(1,),
+                                      timeout=5.0, progress=False)
+    printed = capsys.readouterr().out
+    assert not result and "received a message of 1 element(s) into a recv buffer of 0" in str(result)
+    assert "the chunks hold [1, 0, 0] elements: the message was chunk 0" in str(result), str(result)
+    assert "timed out" not in str(result)
+    assert not re.search("gloo|terminate called|Connection reset|GLHF", printed), printed

@@ -21,6 +21,8 @@ def _all_not_written(result: CheckResult) -> None:
     assert isinstance(result, CheckResult) and not result.passed and result.cases, str(result)
     assert all(case.lines == [NOT_WRITTEN] for case in result.cases), str(result)
     assert f"{NOT_WRITTEN}" in str(result) and NOT_WRITTEN in result._repr_html_()
+    assert str(result).count(NOT_WRITTEN) == result._repr_html_().count(NOT_WRITTEN) == 1, \
+        "a stub is reported once, not once per case"
 
 
 def test_is_stub_recognises_the_stub_here_and_inside_ranks() -> None:

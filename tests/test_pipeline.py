@@ -204,7 +204,29 @@ def test_exercise_check_diagnoses_mistakes_on_paper() -> None:
 
     rep = check_one_f_one_b(gpipe_like, run=False)
     assert not rep and "forwards before its first backward; 1F1B runs" in str(rep)
-    assert "more is correct but stashes more activations" in str(rep)
+    assert "warm-up forwards too many" in str(rep) and "not 1F1B" in str(rep)
+
+    def one_forward_too_many(p, m):  # rank 0 pulls its first steady-state F into the warm-up
+        orders = [[(a.op, a.microbatch) for a in order] for order in one_f_one_b_order(p, m)]
+        if p > 1 and m > p:
+            first_b = next(i for i, a in enumerate(orders[0]) if a[0] == "B")
+            orders[0].insert(first_b, orders[0].pop(first_b + 1))
+        return orders
+
+    rep = check_one_f_one_b(one_forward_too_many, run=False)
+    assert not rep and "one warm-up forward too many: rank 0 runs 5 forwards" in str(rep), str(rep)
+
+    def newest_backward_first(p, m):  # each B takes the newest stashed micro-batch instead of the oldest
+        orders = []
+        for order in one_f_one_b_order(p, m):
+            stash: list[int] = []
+            orders.append([("F", stash.append(a.microbatch) or a.microbatch) if a.op == "F"
+                           else ("B", stash.pop()) for a in order])
+        return orders
+
+    rep = check_one_f_one_b(newest_backward_first, run=False)
+    assert not rep and "rank 0 runs the backward of micro-batch 1 before that of micro-batch 0: the newest " \
+        "micro-batch's backward first" in str(rep), str(rep)
 
     rep = check_one_f_one_b(lambda p, m: [[]], run=False)
     assert not rep and "must return a list with one list per rank" in str(rep)

@@ -5,7 +5,9 @@ lives inside this clone's .venv."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +131,66 @@ def test_make_lab_installs_the_kernel_inside_this_clones_venv(tmp_path):
     subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=True)
     spec = json.loads((tmp_path / "share" / "jupyter" / "kernels" / "distlab" / "kernel.json").read_text())
     assert spec["argv"][0] == sys.executable and spec["display_name"] == "Python (distlab)"
+
+
+def _make(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_make_lab_opens_the_students_own_copies_and_never_overwrites_them(tmp_path):
+    """`make lab` opens mylabs/ (git-ignored), made once from the student versions; a second `make lab`
+    leaves the student's work as it is; `make lab-reset LAB=NN` makes one lab fresh, keeping the old."""
+    dry = subprocess.run(["make", "-n", "lab", "MYLABS=mine"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    [line] = [ln for ln in dry.splitlines() if "jupyter lab" in ln]
+    assert shlex.split(line)[2] == "mine/", f"`make lab` opens {line!r}, not the student's copies"
+    assert "mylabs/" in (ROOT / ".gitignore").read_text().split()
+    stamp = tmp_path / "installed"  # newer than pyproject.toml: make installs nothing
+    stamp.touch()
+    mine = tmp_path / "mylabs"
+    settings = [f"BIN={Path(sys.executable).parent}", f"STAMP={stamp}", f"MYLABS={mine}"]
+    first = _make("mylabs", *settings)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in mine.glob("*.ipynb")) == [lab.name for lab in LABS]
+    pipeline = mine / "04_pipeline.ipynb"
+
+    def code() -> str:
+        return "".join("".join(c["source"]) for c in json.loads(pipeline.read_text())["cells"])
+
+    assert BEGIN not in code() and STUB in code()
+    pipeline.write_text(pipeline.read_text().replace("raise NotImplementedError", "my_work()"))
+    work = pipeline.read_text()
+    second = _make("mylabs", *settings)
+    assert second.returncode == 0 and "kept" in second.stdout, second.stdout + second.stderr
+    assert pipeline.read_text() == work, "a second `make lab` overwrote the student's work"
+    reset = _make("lab-reset", "LAB=04", *settings)
+    assert reset.returncode == 0, reset.stderr
+    assert STUB in code() and (mine / "04_pipeline.before-reset.ipynb").read_text() == work
+    assert "LAB=04" in _make("lab-reset", *settings).stdout  # no lab named: it says how
+    instructor = subprocess.run(["make", "-n", "lab-instructor"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout
+    assert "DISTLAB_PROGRESS=off" in instructor and "jupyter lab labs/" in instructor
+
+
+def test_student_versions_link_to_the_book_from_where_they_are_written(tmp_path):
+    """Links `../book/NN-x.md` of a lab still reach the book from _build/student (two folders down)."""
+    lab = ROOT / "labs" / "05_tensor_parallel.ipynb"
+    out = tmp_path / "a" / "b"
+    subprocess.run([sys.executable, "-m", "distlab.student", str(lab), "--out", str(out)], check=True,
+                   capture_output=True)
+    text = "".join("".join(c["source"]) for c in json.loads((out / lab.name).read_text())["cells"])
+    links = re.findall(r"\]\(([^)]*book/[^)#]*)", text)
+    assert links and all((out / link).resolve().is_file() for link in links), links
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("nvidia-smi") is not None
+                    or Path("/proc/driver/nvidia").exists(), reason="the notice is for Linux without a GPU")
+def test_a_linux_machine_without_a_gpu_is_told_how_to_take_the_cpu_torch_before_the_download(tmp_path):
+    """Before pip fetches PyPI's CUDA torch, `make` says how to take the CPU build; it only prints (CI,
+    which runs `make test` on such a machine, must never wait)."""
+    notice = _make("--eval", "notice: ; @$(NO_GPU_NOTICE)", "notice", f"BIN={tmp_path}")
+    assert notice.returncode == 0
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in notice.stdout, notice.stdout
+    rule = subprocess.run(["make", "-n", "env", f"STAMP={tmp_path / 'none'}"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    assert rule.index("no NVIDIA GPU") < rule.index("pip install"), "the notice must come before pip"

@@ -8,7 +8,7 @@ variable ``DISTLAB_BOOK_EDITION`` (``make book`` and ``make book-instructor`` se
   verdict) stay. The copies of the labs under ``_sources/`` (the page's ".ipynb" download button) are
   replaced by the student versions of `distlab.student`, so nothing on the site gives a solution away.
 - ``instructor``: the labs exactly as they are, solutions included (they stay folded behind the
-  ``hide-input`` toggle).
+  ``hide-input`` toggle), and a banner on every page that says so (`INSTRUCTOR_BANNER`).
 
 Jupyter Book 1 always loads sphinx-thebe (live code cells through Binder), which this offline book does
 not use: it would add to every page a script that names a CDN, declared twice (a console error), and a
@@ -38,6 +38,9 @@ EDITIONS = ("public", "instructor")
 # myst-nb drops a cell whose source is empty, outputs and all, so it is not left empty).
 OMITTED = "# The worked solution is in the instructor edition of the book."
 ENV_VAR = "DISTLAB_BOOK_EDITION"
+# The theme's announcement bar on every page of the instructor edition: it must never pass for the public one.
+INSTRUCTOR_BANNER = ("Instructor edition: these pages contain the worked solution of every exercise. Give "
+                     "students the public edition (make book) or their own copies (make lab).")
 STATIC = Path(__file__).resolve().parents[1] / "book" / "_static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"  # the plotly.js of the package
 
@@ -99,6 +102,13 @@ def _unhook_thebe(app: Sphinx) -> None:
     added[:] = [c for c in added if Path(getattr(c, "filename", "")).name != "sphinx-thebe.css"]
 
 
+def _on_config_inited(app: Sphinx, config: object) -> None:
+    if app.config.distlab_book_edition == "instructor":
+        options = dict(app.config.html_theme_options or {})
+        options["announcement"] = INSTRUCTOR_BANNER
+        app.config.html_theme_options = options
+
+
 def _on_builder_inited(app: Sphinx) -> None:
     _edition(app)  # fail early on a misspelt edition
     _unhook_thebe(app)
@@ -108,6 +118,7 @@ def _on_builder_inited(app: Sphinx) -> None:
 def setup(app: Sphinx) -> dict:
     """Register the edition setting, the solution filter and the course's static files."""
     app.add_config_value("distlab_book_edition", os.environ.get(ENV_VAR, "public"), "env")
+    app.connect("config-inited", _on_config_inited)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("source-read", _on_source_read)
     app.connect("build-finished", _on_build_finished)

@@ -6,7 +6,11 @@ A `CheckResult` prints as text, shows as a table in a notebook, and is truthy wh
 The student version of a lab (`distlab.student`) replaces each solution by a stub that raises
 `NotImplementedError`. Every check reports that stub the same way, as a failed case that says
 `NOT_WRITTEN`, never as a traceback, whether the function ran here or inside ranks (where it comes back as
-a `launch.RankError`): `is_stub(err)` recognises it and `not_written(label)` is the case.
+a `launch.RankError`): `is_stub(err)` recognises it and `not_written(label)` is the case. When every case
+is the stub, the report says "not written yet" once, not once per case.
+
+Every `CheckResult` made inside an exercise check (a `check_*` function of a distlab module) records its
+verdict in the student's progress file (`distlab.progress`; `distlab progress` prints it).
 """
 
 from __future__ import annotations
@@ -37,6 +41,30 @@ class CheckResult:
     cases: list[CaseResult]
     case_heading: str = "ranks"  # what one case is, for the notebook table's first column
 
+    def __post_init__(self) -> None:
+        from distlab import progress
+
+        check = progress.check_name()
+        if check is not None:
+            progress.record(check, self.verdict)
+
+    @property
+    def not_written(self) -> bool:
+        """True when every case is the student version's unwritten stub (every line of every case says
+        so: a check of several functions names each, "f: not written yet ...")."""
+        return bool(self.cases) and all(not c.passed and c.lines and all(line.endswith(NOT_WRITTEN)
+                                                                          for line in c.lines)
+                                        for c in self.cases)
+
+    def _stub_lines(self) -> list[str]:
+        """What a report of stubs says, once: the distinct lines of its cases."""
+        return list(dict.fromkeys(line for c in self.cases for line in c.lines))
+
+    @property
+    def verdict(self) -> str:
+        """"pass", "fail" or "not written" (the word `distlab progress` shows)."""
+        return "not written" if self.not_written else "pass" if self.passed else "fail"
+
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.cases)
@@ -47,6 +75,10 @@ class CheckResult:
     def __str__(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
         good = sum(c.passed for c in self.cases)
+        if self.not_written:
+            lines = self._stub_lines()
+            return "\n".join([f"{self.exercise}: {NOT_WRITTEN}"] * (lines == [NOT_WRITTEN])
+                             or [f"{self.exercise}: not written yet"] + [f"  {line}" for line in lines])
         out = [f"{self.exercise}: {verdict} ({good} of {len(self.cases)} passed)"]
         for c in self.cases:
             out.append(f"  [{'pass' if c.passed else 'FAIL'}] {c.label}")
@@ -57,6 +89,11 @@ class CheckResult:
 
     def _repr_html_(self) -> str:
         colour = "#009E73" if self.passed else "#D55E00"
+        if self.not_written:
+            return "<div>" + "<br>".join(
+                f"<b style='color:{colour}'>{html.escape(line)}</b>" if k == 0 else html.escape(line)
+                for k, line in enumerate(str(self).split("\n"))) + "</div>"
+        # The book styles these tables in book/_static/distlab.css (its theme gives bare tables no padding).
         rows = "".join(
             f"<tr><td style='text-align:left'>{html.escape(c.label)}</td><td style='text-align:left;color:"
             f"{'#009E73' if c.passed else '#D55E00'}'>{'✓ pass' if c.passed else '✗ fail'}</td>"

@@ -1,15 +1,38 @@
-"""The ``distlab`` command: ``distlab doctor [--json]`` and ``distlab figures OUTDIR``.
+"""The ``distlab`` command: the course's tools and every chapter's entry point under one name.
 
-Also runnable as ``python -m distlab.cli``. Subcommands import their modules lazily, so ``distlab doctor``
-does not pay for matplotlib and ``distlab figures`` does not probe the GPU.
+    distlab doctor [--json]        what this machine has and what the labs will use
+    distlab progress [LAB]         which exercises pass, fail or are not written yet
+    distlab figures OUTDIR         draw the book's static figures
+    distlab pipeline --schedule zbv ...   a chapter's command: the same as python -m distlab.pipeline ...
+
+Also runnable as ``python -m distlab``. Subcommands import their modules lazily, so ``distlab doctor``
+does not pay for matplotlib and ``distlab figures`` does not probe the GPU. A chapter's command hands the
+rest of the line to that chapter's ``__main__`` (``distlab pipeline --help`` shows its options). Output into
+a closed pipe (``distlab doctor --json | head``) ends quietly, as other Unix tools do.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+# Each chapter's entry point: (command, chapter, what it does). The module is distlab.<command>.
+CHAPTERS = (
+    ("collectives", 1, "benchmark our collectives against torch.distributed's, nccl-tests style"),
+    ("data_parallel", 2, "our data parallelism against DDP: parity and time"),
+    ("async_sgd", 3, "one parameter-server run (sync, async, stale-synchronous)"),
+    ("pipeline", 4, "run, check and time one pipelined training step"),
+    ("tensor_parallel", 5, "the tensor-parallel GPT against the dense one, with its communication"),
+    ("moe", 6, "expert parallelism against the reference, with its traffic"),
+    ("memory", 7, "the memory estimator, and a measured step"),
+    ("hardware", 8, "this machine's data paths beside the catalog's figures"),
+    ("parallel3d", 9, "train the GPT on a dp x pp x tp mesh and check it"),
+    ("plan", 9, "rank the ways to train a model on a cluster"),
+    ("context_parallel", 10, "ring attention against dense attention"),
+)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -19,6 +42,13 @@ def _doctor(args: argparse.Namespace) -> int:
     result = doctor.report()
     print(result.to_json() if args.json else result)
     return 0
+
+
+def _progress(args: argparse.Namespace) -> int:
+    """Print the student's progress, per lab."""
+    from distlab import progress
+
+    return progress.main([] if args.lab is None else [args.lab])
 
 
 def _figures(args: argparse.Namespace) -> int:
@@ -34,23 +64,52 @@ def _figures(args: argparse.Namespace) -> int:
     return status if isinstance(status, int) else 0
 
 
+def _chapter(args: argparse.Namespace) -> int:
+    """Run ``python -m distlab.<command>`` with the rest of the command line."""
+    module = importlib.import_module(f"distlab.{args.command}.__main__")
+    status = module.main(args.rest)
+    return status if isinstance(status, int) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, one subparser per subcommand."""
-    parser = argparse.ArgumentParser(prog="distlab", description="Tools for the distlab course.")
+    parser = argparse.ArgumentParser(prog="distlab", description="Tools for the distlab course, and every "
+                                     "chapter's command (`distlab COMMAND --help` for its options).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     doctor = sub.add_parser("doctor", help="report the GPUs, NCCL, interconnect and what the labs will use")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=_doctor)
+    progress = sub.add_parser("progress", help="which exercises pass, fail or are not written yet, per lab")
+    progress.add_argument("lab", nargs="?", help="one lab's number, e.g. 04 (default: every lab)")
+    progress.set_defaults(func=_progress)
     figures = sub.add_parser("figures", help="write the book's static figures into OUTDIR")
     figures.add_argument("outdir", metavar="OUTDIR", help="folder for the PNG files (created if missing)")
     figures.set_defaults(func=_figures)
+    for command, chapter, what in CHAPTERS:
+        p = sub.add_parser(command, help=f"chapter {chapter}: {what}", add_help=False,
+                           description=f"python -m distlab.{command}")
+        p.set_defaults(func=_chapter)  # main() hands the rest of the line over before parsing
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``distlab`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in {command for command, _, _ in CHAPTERS}:
+        # A chapter's command: every later word is its own (argparse would take `--help` for distlab's).
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_chapter)
+    else:
+        args = parser.parse_args(argv)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (`head`) closed the pipe: stop quietly, and point stdout at /dev/null so that the
+        # interpreter's own flush at exit does not raise again (Python's documented recipe, "signal").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ Frame = Figure | list[Figure] | Rows
 DPI = 110  # at most this many pixels per inch in the static frames; a frame is at most WIDTH_PX wide
 WIDTH_PX = 760
 COLOURS = 64  # the static frames are palette PNGs: small, and the same bytes on every run
+TABLE_ROW_PX = 28  # height of one row of a table frame
 SLIDER_PX = 88  # height of one slider (its value above the rail, its labels below) under the picture
 
 # Runs in the page after plotly has drawn the figure: a slider move looks up the frame of the setting that
@@ -146,10 +147,12 @@ def static_figure(draw: Callable[..., Frame], grid: Mapping[str, Sequence[Any]],
         fig.update_xaxes(visible=False, range=[0, 1])
         fig.update_yaxes(visible=False, range=[0, 1])
     else:
-        height = 32 * (len(first[0]) + 1)
-        fig = go.Figure(go.Table(header={"values": ["quantity", "value"]},
-                                 cells={"values": first, "align": "left"}, columnwidth=[3, 1],
-                                 domain={"y": [controls / (height + controls), 1]}))
+        # Cells of a fixed height, and the table's domain exactly that tall: no blank band between the
+        # table and the sliders below it.
+        height = TABLE_ROW_PX * (len(first[0]) + 1) + 2
+        fig = go.Figure(go.Table(header={"values": ["quantity", "value"], "height": TABLE_ROW_PX},
+                                 cells={"values": first, "align": "left", "height": TABLE_ROW_PX},
+                                 columnwidth=[3, 1], domain={"y": [controls / (height + controls), 1]}))
     total = height + controls
     fig.update_layout(
         template="none", height=total, margin={"l": 8, "r": 8, "t": 8, "b": 8},
@@ -161,12 +164,19 @@ def static_figure(draw: Callable[..., Frame], grid: Mapping[str, Sequence[Any]],
     return fig
 
 
+def _shown(value: Any) -> str:
+    """A held setting as the note under an explorer names it: "no" for False, "yes" for True."""
+    return {True: "yes", False: "no"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
 def static_html(name: str, draw: Callable[..., Frame], grid: Mapping[str, Sequence[Any]],
                 fixed: Mapping[str, Any] | None = None, start: Mapping[str, Any] | None = None) -> str:
     """`static_figure` as HTML with a fixed div id (``distlab-<name>``, so stored outputs do not change
     from run to run) and without plotly.js itself (the book serves it once, from ``_static``)."""
-    note = ('<p class="distlab-explorer-note">Precomputed explorer: drag a slider to pick a setting '
-            "(in JupyterLab the same explorer runs live, over every value).</p>")
+    held = ", ".join(f"{k} = {_shown(v)}" for k, v in (fixed or {}).items())
+    note = ('<p class="distlab-explorer-note">Precomputed explorer: drag a slider to pick a setting'
+            + (f"; the other settings are held at {html.escape(held)}" if held else "")
+            + " (in JupyterLab the same explorer runs live, over every value).</p>")
     figure = static_figure(draw, grid, fixed, start).to_html(
         full_html=False, include_plotlyjs=False, div_id=f"distlab-{name}", post_script=POST_SCRIPT,
         config={"displayModeBar": False, "responsive": True, "staticPlot": False})

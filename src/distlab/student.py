@@ -15,12 +15,25 @@ student starts from a clean notebook. Cell tags (``hide-input``, ``nbval-ignore-
 course's check functions say "not written yet" when they meet that stub.
 
     python -m distlab.student labs/01_collectives.ipynb --out _build/student
+
+Links from a lab to the book (``../book/04-pipeline.md``) are rewritten for the folder the student version
+goes to, so that they still open from ``_build/student``.
+
+The student's own working copies (what ``make lab`` opens) are made the same way, once:
+
+    python -m distlab.student labs/*.ipynb --out mylabs --keep       # writes only the labs not there yet
+    python -m distlab.student labs/04_pipeline.ipynb --out mylabs --reset   # lab 04 fresh again
+
+``--keep`` never touches a copy that exists, so the student's work survives every later ``make lab``;
+``--reset`` first moves the student's copy aside to ``NN_topic.before-reset.ipynb`` and then writes a fresh
+one (``make lab-reset LAB=04``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -56,9 +69,19 @@ def strip_solutions(source: str, where: str = "cell") -> tuple[str, int]:
     return "\n".join(out), count
 
 
-def student_notebook(nb: dict, name: str = "notebook") -> tuple[dict, int]:
+_BOOK_LINK = re.compile(r"\]\(\.\./book/")
+
+
+def relink(source: str, book: str) -> str:
+    """Point the Markdown links `](../book/...)` of a lab at `book`, the book's folder as seen from where
+    the student version goes (unchanged when that is `../book`)."""
+    return _BOOK_LINK.sub(f"]({book}/", source)
+
+
+def student_notebook(nb: dict, name: str = "notebook", book: str = "../book") -> tuple[dict, int]:
     """Return a copy of notebook `nb` (nbformat 4 JSON) with solutions stubbed and what a run leaves
-    behind removed (outputs, execution counts and metadata, widget state); and the number of stubs."""
+    behind removed (outputs, execution counts and metadata, widget state); and the number of stubs.
+    `book`: the book's folder relative to where the copy goes, for the lab's links into the book."""
     nb = json.loads(json.dumps(nb))
     for key in RUN_NOTEBOOK_METADATA:
         nb.get("metadata", {}).pop(key, None)
@@ -66,6 +89,10 @@ def student_notebook(nb: dict, name: str = "notebook") -> tuple[dict, int]:
     for index, cell in enumerate(nb["cells"]):
         for key in RUN_CELL_METADATA:
             cell.get("metadata", {}).pop(key, None)
+        if cell["cell_type"] == "markdown":
+            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            if relink(text, book) != text:  # otherwise the cell stays exactly as it was
+                cell["source"] = relink(text, book)
         if cell["cell_type"] != "code":
             continue
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
@@ -77,17 +104,49 @@ def student_notebook(nb: dict, name: str = "notebook") -> tuple[dict, int]:
     return nb, total
 
 
+def write_student_labs(labs: list[Path], out: Path, keep: bool = False, reset: bool = False) -> list[str]:
+    """Write the student version of each lab into `out`; return one line per lab saying what happened.
+
+    `keep`: leave every copy that exists as it is (the student's work); `reset`: move an existing copy
+    aside (to NN_topic.before-reset.ipynb) and write a fresh one."""
+    if keep and reset:
+        raise ValueError("keep=True and reset=True contradict each other: --keep protects the student's "
+                         "copies, --reset replaces one; pass one of them")
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for lab in labs:
+        target = out / lab.name
+        if keep and target.exists():
+            lines.append(f"{target}: kept (your copy; `make lab-reset LAB={lab.name[:2]}` starts it afresh)")
+            continue
+        if reset and target.exists():
+            aside = target.with_name(f"{lab.stem}.before-reset.ipynb")
+            target.replace(aside)
+            lines.append(f"{target}: your copy moved to {aside.name}")
+        book = Path(os.path.relpath(lab.resolve().parent.parent / "book", out.resolve())).as_posix()
+        nb, count = student_notebook(json.loads(lab.read_text()), name=str(lab), book=book)
+        target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        lines.append(f"{target}: {count} solution(s) replaced by stubs, outputs and run metadata cleared")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m distlab.student", description=__doc__.split("\n")[0])
     parser.add_argument("labs", nargs="+", type=Path, help="lab notebooks (.ipynb)")
     parser.add_argument("--out", type=Path, default=Path("_build/student"), help="output folder")
+    parser.add_argument("--keep", action="store_true",
+                        help="write only the labs that --out does not hold yet (the student's copies stay)")
+    parser.add_argument("--reset", action="store_true",
+                        help="replace the copy in --out by a fresh one (the old one is moved aside)")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for lab in args.labs:
-        nb, count = student_notebook(json.loads(lab.read_text()), name=str(lab))
-        target = args.out / lab.name
-        target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-        print(f"{target}: {count} solution(s) replaced by stubs, outputs and run metadata cleared")
+    missing = [str(lab) for lab in args.labs if not lab.is_file()]
+    if missing:
+        parser.error(f"no such lab: {', '.join(missing)} (give lab notebooks such as labs/04_pipeline.ipynb)")
+    try:
+        lines = write_student_labs(args.labs, args.out, keep=args.keep, reset=args.reset)
+    except ValueError as err:
+        parser.error(str(err))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

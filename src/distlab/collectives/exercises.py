@@ -11,11 +11,25 @@ other world sizes would say the same, so they are not started.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub, not_written
 from distlab.collectives.all_reduce_diagnosis import MAX_COUNT, MAX_RANKS, _run_cases, default_counts
+from distlab.collectives.ring import chunk_bounds
+
+# gloo's own complaint when a message is longer than the buffer posted for it (it then aborts the rank):
+# "op.preamble.length <= op.nbytes. 4 vs 0. Received data size doesn't match expected size."
+_GLOO_SIZE = re.compile(r"\[rank (\d+)\].*?(\d+) vs (\d+)\. Received data size doesn't match expected size")
+# What gloo and the C++ runtime print around such an abort, and the peers' broken connections after it:
+# noise for the student, who gets one sentence instead.
+_GLOO_NOISE = re.compile(r"terminate called|what\(\):|EnforceNotMet|Connection reset by peer|GLHF|"
+                         r"Connection closed by peer|Exception raised from|frame #\d+|gloo/transport|"
+                         r"Received data size|ProcessGroupGloo|\[enforce fail")
+ELEMENT_BYTES = 4  # the check's inputs are float32 (all_reduce_diagnosis)
 
 
 def _summarise(label: str, counts: Sequence[int], per_rank: list[list[list[str]]], p: int) -> CaseResult:
@@ -52,6 +66,37 @@ def _summarise(label: str, counts: Sequence[int], per_rank: list[list[list[str]]
             lines.append(f"it fails only when n < p = {p}, where some chunks are empty: send and receive "
                          "empty chunks consistently (or skip them on both sides)")
     return CaseResult(label, False, lines)
+
+
+def _size_mismatch(output: str, p: int, counts: Sequence[int]) -> list[str] | None:
+    """The explanation of gloo's "Received data size doesn't match expected size", or None."""
+    m = _GLOO_SIZE.search(output)
+    if m is None:
+        return None
+    rank, got, want = int(m[1]), int(m[2]) // ELEMENT_BYTES, int(m[3]) // ELEMENT_BYTES
+    lines = [f"rank {rank} received a message of {got} element(s) into a recv buffer of {want}: the sender "
+             "and the receiver used different chunks, and gloo stopped the rank"]
+    for n in counts:
+        sizes = [b - a for a, b in chunk_bounds(n, p)]
+        if got in sizes and want in sizes and got != want:
+            sent = [i for i, size in enumerate(sizes) if size == got]
+            posted = [i for i, size in enumerate(sizes) if size == want]
+            lines.append(f"with n = {n} on p = {p} the chunks hold {sizes} elements: the message was chunk "
+                         f"{_either(sent)}, the buffer chunk {_either(posted)}")
+            break
+    lines.append("at step s a rank sends chunk (r - s) % p and receives into chunk (r - s - 1) % p (in the "
+                 "all-gather phase one further on): compute both from the same formula, with r its own rank, "
+                 "so that what rank r - 1 sends is what rank r expects")
+    return lines
+
+
+def _either(indices: list[int]) -> str:
+    return str(indices[0]) if len(indices) == 1 else " or ".join(map(str, indices))
+
+
+def _quiet(output: str) -> str:
+    """The ranks' output without gloo's abort messages (the student's own prints stay)."""
+    return "\n".join(line for line in output.splitlines() if not _GLOO_NOISE.search(line))
 
 
 def _from_error(label: str, err: Exception) -> CaseResult:
@@ -92,11 +137,18 @@ def _check(exercise: str, fn: Callable[..., Any], runs: list[tuple[str, int, int
         if cases and cases[-1].lines == [NOT_WRITTEN]:  # still the stub: no more launches
             cases.append(not_written(label))
             continue
+        output = io.StringIO()  # what the ranks print; gloo's abort noise is dropped from it below
         try:
-            per_rank = launch.run(_run_cases, p, fn, tried, ranks_per_node, timeout=timeout)
+            with contextlib.redirect_stdout(output):
+                per_rank = launch.run(_run_cases, p, fn, tried, ranks_per_node, timeout=timeout)
         except launch.RankError as err:
-            cases.append(not_written(label) if is_stub(err) else _from_error(label, err))
+            mismatch = _size_mismatch(output.getvalue(), p, tried)
+            cases.append(not_written(label) if is_stub(err) else CaseResult(label, False, mismatch)
+                         if mismatch else _from_error(label, err))
             continue
+        finally:
+            if _quiet(output.getvalue()):
+                print(_quiet(output.getvalue()))
         cases.append(_summarise(label, tried, per_rank, p))
     return CheckResult(exercise, cases)
 

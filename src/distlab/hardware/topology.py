@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from distlab import catalog
 
 SERVERS = ("DGX-1", "DGX A100", "DGX H100")
-# DGX-1 hybrid cube-mesh (V100): NVLinks between each pair of GPUs, in CUDA / nvidia-smi numbering
-# (other published listings, e.g. NCCL topology files, number the GPUs differently). Each GPU has 6;
-# with one link per pair this is the P100 DGX-1 (4 links per GPU). Two quads fully connected plus
+# DGX-1 hybrid cube-mesh (V100): NVLinks between each pair of GPUs, in CUDA / nvidia-smi numbering. Each
+# GPU has 6; with one link per pair this is the P100 DGX-1 (4 links per GPU). Two quads fully connected plus
 # GPU i <-> GPU i+4.
 DGX1_NVLINKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
                 (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}

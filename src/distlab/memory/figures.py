@@ -31,42 +31,48 @@ GPT3 = {
     "seq": 2048,
 }  # Brown et al. 2020, Table 2.1
 
+# One bar per configuration; every label differs (two bars labelled alike would be drawn as one stack).
 BREAKDOWN = (
     ("DP 64", {"dp": 64}),
-    ("+ ZeRO-1", {"dp": 64, "zero": 1}),
-    ("+ ZeRO-3", {"dp": 64, "zero": 3}),
-    ("+ full recompute", {"dp": 64, "zero": 3, "recompute": "full"}),
-    ("TP 8, PP 8, DP 16", {"tp": 8, "pp": 8, "dp": 16}),
-    ("+ SP, selective", {"tp": 8, "pp": 8, "dp": 16, "sequence_parallel": True, "recompute": "selective"}),
+    ("DP 64\n+ ZeRO-1", {"dp": 64, "zero": 1}),
+    ("DP 64\n+ ZeRO-3", {"dp": 64, "zero": 3}),
+    ("DP 64, ZeRO-3\n+ full recompute", {"dp": 64, "zero": 3, "recompute": "full"}),
+    ("TP 8, PP 8,\nDP 16", {"tp": 8, "pp": 8, "dp": 16}),
+    ("TP, PP, DP\n+ SP, selective",
+     {"tp": 8, "pp": 8, "dp": 16, "sequence_parallel": True, "recompute": "selective"}),
     (
-        "+ ZeRO-1",
+        "TP, PP, DP, SP,\nselective + ZeRO-1",
         {"tp": 8, "pp": 8, "dp": 16, "sequence_parallel": True, "recompute": "selective", "zero": 1},
     ),
 )
 
 
 def stacked_bars(ax: plt.Axes, labels: Sequence[str], estimates: Sequence[estimator.MemoryEstimate]) -> None:
+    """One stacked bar per estimate, at its own position (so equal labels can never share a bar)."""
+    x = np.arange(len(labels))
     bottom = np.zeros(len(labels))
     for kind, colour in zip(KINDS, KIND_COLOURS, strict=True):
         values = np.array([getattr(e, kind) / 1e9 for e in estimates])
-        ax.bar(labels, values, bottom=bottom, color=colour, label=kind.removesuffix("_bytes"))
+        ax.bar(x, values, bottom=bottom, color=colour, label=kind.removesuffix("_bytes"))
         bottom += values
+    ax.set_xticks(x, labels)
     ax.set_ylabel("GB per GPU")
 
 
 def breakdown_figure() -> Figure:
     """Predicted bytes per GPU of GPT-3 175B (micro-batch 1, mixed precision) under seven configurations."""
     estimates = [estimator.estimate(estimator.MemoryConfig(**GPT3, **kw)) for _, kw in BREAKDOWN]
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     stacked_bars(ax, [label for label, _ in BREAKDOWN], estimates)
     ax.set_yscale("log")
     ax.axhline(80, color=style.VERMILION, ls="--", lw=1)
     ax.text(
         len(BREAKDOWN) - 0.5, 80 * 1.15, "80 GB (one H100)", ha="right", fontsize=8, color=style.VERMILION
     )
-    ax.set_title("GPT-3 175B, b = 1, s = 2048: predicted memory per GPU")
-    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    ax.legend(fontsize=8, ncols=4, loc="lower left")
+    ax.set_title("GPT-3 175B, b = 1, s = 2048: predicted memory per GPU", pad=24)
+    ax.tick_params(axis="x", labelsize=7)
+    # The legend sits between the title and the axes, where no bar can be.
+    ax.legend(fontsize=8, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     plt.close(fig)
     return fig
@@ -220,8 +226,14 @@ def estimator_frame(**settings: object) -> list[tuple[str, str]]:
         e = estimator.estimate(estimator.MemoryConfig(**GPT3, **settings, microbatches=8))
     except ValueError as err:
         return [("cannot estimate", str(err))]
-    return [(k.removesuffix("_bytes"), f"{getattr(e, k) / 1e9:.1f} GB") for k in (*KINDS, "total_bytes",
-                                                                                   "host_bytes")]
+    return [(k.removesuffix("_bytes"), _gb(getattr(e, k))) for k in (*KINDS, "total_bytes", "host_bytes")]
+
+
+def _gb(nbytes: float) -> str:
+    """Bytes as GB, one decimal from 1 GB up and two significant digits below (ZeRO-3 over 128 ranks leaves
+    each rank 0.044 GB of parameters, not "0.0 GB")."""
+    gb = nbytes / 1e9
+    return f"{gb:,.1f} GB" if gb >= 1 or gb == 0 else f"{gb:.2g} GB"
 
 
 def estimator_explorer():  # -> ipywidgets.Widget

@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                         choices=["naive", "gpipe", "1f1b", "interleaved", "zbh1", "zbv"],
                         help="the pipeline schedule")
     parser.add_argument("-m", type=int, default=8, help="microbatches (naive: 1)")
-    parser.add_argument("-v", type=int, default=1, help="model chunks per rank (interleaved; zbv: 2)")
+    parser.add_argument("-v", type=int, default=1,
+                        help="model chunks per rank (interleaved; zbv needs 2, taken when -v is left at 1)")
     parser.add_argument("--sizes", default="64,256,256,256,256,256,256,256,256,8",
                         help="the MLP's widths, comma-separated, input first")
     parser.add_argument("--batch", type=int, default=64, help="batch size (a multiple of -m)")
@@ -116,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line; see the module docstring. Returns 0 when the step equals single-process training."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.schedule == "zbv" and args.v == 1:  # ZB-V is defined with two chunks per rank (Qi et al. 2024)
+        args.v = 2
     under_torchrun = "RANK" in os.environ
     p = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.world_size
     sizes = _check(parser, args, p)

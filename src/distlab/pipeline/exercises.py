@@ -69,13 +69,32 @@ def _warmup_and_stash(orders: list[list[Action]], p: int, m: int) -> str | None:
     for r, order in enumerate(orders):
         warmup = next((i for i, a in enumerate(order) if a.op == "B"), len(order))
         want = min(p - r, m)
-        if warmup != want:
+        if warmup > want:
+            extra = warmup - want
+            return (f"{'one' if extra == 1 else extra} warm-up forward{'s' if extra > 1 else ''} too many: "
+                    f"rank {r} runs {warmup} forwards before its first backward; 1F1B runs min(p - r, m) = "
+                    f"{want} (a warm-up of min(p - r - 1, m), then the steady state's first F). The "
+                    "gradients still come out right, but each extra forward keeps one more micro-batch's "
+                    "activations stashed: that memory is what 1F1B saves over GPipe, not 1F1B")
+        if warmup < want:
             return (f"rank {r} runs {warmup} forwards before its first backward; 1F1B runs min(p - r, m) = "
-                    f"{want}: a warm-up of min(p - r - 1, m), then one more as the steady state starts"
-                    + (": more is correct but stashes more activations" if warmup > want else ""))
+                    f"{want}: with fewer, it waits for a gradient that the ranks after it cannot send yet")
         if peak_stash(order) > want:
             return (f"rank {r} holds {peak_stash(order)} microbatches at once; 1F1B holds at most "
                     f"min(p - r, m) = {want}: after the warm-up, alternate one F and one B")
+    return None
+
+
+def _backward_order(orders: list[list[Action]]) -> str | None:
+    """1F1B runs each rank's backwards oldest micro-batch first (the order of the forwards), or None."""
+    for r, order in enumerate(orders):
+        bs = [a.microbatch for a in order if a.op == "B"]
+        k = next((k for k in range(1, len(bs)) if bs[k] < bs[k - 1]), None)
+        if k is not None:
+            return (f"rank {r} runs the backward of micro-batch {bs[k - 1]} before that of micro-batch "
+                    f"{bs[k]}: the newest micro-batch's backward first. 1F1B runs the backwards in the order "
+                    "of the forwards, oldest first: the older micro-batch's gradient arrives first from the "
+                    "next stage, and its stashed activations are the ones to free")
     return None
 
 
@@ -88,7 +107,7 @@ def _paper_case(fn: Callable[[int, int], Any], p: int, m: int) -> CaseResult:
         return CaseResult(label, False, [NOT_WRITTEN])
     except (TypeError, ValueError) as e:
         return CaseResult(label, False, [str(e)])
-    problem = _structure(orders, p, m)
+    problem = _structure(orders, p, m) or _backward_order(orders)
     if problem is None:
         try:
             check_compute_order("your 1F1B", orders, p)

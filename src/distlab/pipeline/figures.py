@@ -35,11 +35,14 @@ def _styled(draw: Callable[..., Figure]) -> Callable[..., Figure]:
     return drawn
 
 
-def draw_timeline(ax: Axes, events: Sequence[Event], p: int, title: str, unit: str = "t_f",
+STAGE_UNIT = "$t_f$: one rank's forward pass of its stage"  # the x axis of the simulated timelines
+
+
+def draw_timeline(ax: Axes, events: Sequence[Event], p: int, title: str, unit: str = "$t_f$",
                   labels: bool = True) -> None:
     """One Gantt chart: a row per rank, F in blue, B in green and W (the weight gradient of a split
-    backward) in purple, paler for later model chunks; time spent in sends and receives in orange; each
-    box is labelled with its microbatch."""
+    backward) in purple, paler for later model chunks; time a rank waits in a send or receive in orange
+    (idle: the bubble); each box is labelled with its microbatch, in dark text on the paler boxes."""
     num_stages = max(e.action.stage for e in events) + 1
     for e in events:
         a = e.action
@@ -51,17 +54,17 @@ def draw_timeline(ax: Axes, events: Sequence[Event], p: int, title: str, unit: s
                     edgecolor="white", linewidth=0.5)
             if labels and width > 0:
                 ax.text(e.start + width / 2, e.rank, str(a.microbatch), ha="center", va="center",
-                        fontsize=7, color="white")
+                        fontsize=7, color="white" if alpha > 0.8 else "black")
         elif width > 0:
             ax.barh(e.rank, width, left=e.start, height=0.3, color=COLOURS["comm"])
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.invert_yaxis()
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel(f"time (in {unit})")
     ax.set_title(title)
 
 
 @_styled
-def timeline_figure(events: Sequence[Event], p: int, title: str, unit: str = "t_f") -> Figure:
+def timeline_figure(events: Sequence[Event], p: int, title: str, unit: str = "$t_f$") -> Figure:
     """A Gantt chart of one timeline, with its bubble in the title."""
     fig, ax = plt.subplots(figsize=(10, 0.5 * p + 1.2))
     stats = timeline_stats(events, p)
@@ -97,7 +100,7 @@ def schedules_figure(p: int = 4, m: int = 8, v: int = 2) -> Figure:
         extra = f", v={vv}" if vv > 1 else ""
         draw_timeline(ax, events, p, f"{name}: p={p}, m={mm}{extra}; bubble {stats.mean_bubble:.0%} "
                       f"(formula {bubble_fraction(p, mm, vv):.0%}), peak stash {max(stats.peak_stash)}"
-                      + (" chunks" if vv > 1 else " microbatches"), unit="t_f of one rank's stage")
+                      + (" chunks" if vv > 1 else " microbatches"), unit=STAGE_UNIT)
     return fig
 
 
@@ -204,7 +207,8 @@ def zero_bubble_figure(p: int = 4, m: int = 8, t_f: float = 1.0, t_b: float = 1.
     """1F1B, ZB-H1 and ZB-V on the same model (Qi et al. 2023; 2024), simulated with free transfers: F, B
     and W of one rank's whole share take t_f, t_b and t_w (1F1B's backward, unsplit, t_b + t_w; ZB-V's
     chunks half of each). The W boxes (purple) sit where 1F1B's ranks wait."""
-    fig, axes = plt.subplots(len(ZERO_BUBBLE_ROWS), 1, figsize=(10, 1.05 * p * 3 + 1), sharex=True)
+    # 8 inches wide rather than 10: at page width the labels of ZB-V's half-length boxes stay legible.
+    fig, axes = plt.subplots(len(ZERO_BUBBLE_ROWS), 1, figsize=(8, 1.05 * p * 3 + 1), sharex=True)
     for ax, (name, v) in zip(axes, ZERO_BUBBLE_ROWS, strict=True):
         events = simulate(make_schedule(name, p, m, v), t_f / v, t_b / v, t_w=t_w / v)
         stats = timeline_stats(events, p)
@@ -215,7 +219,7 @@ def zero_bubble_figure(p: int = 4, m: int = 8, t_f: float = 1.0, t_b: float = 1.
         peak = max(stats.peak_stash) / v
         draw_timeline(ax, events, p, f"{name}: p={p}, m={m}" + (f", v={v}" if v > 1 else "")
                       + f"; bubble {stats.mean_bubble:.0%}{formula}, peak stash {peak:g} microbatches",
-                      unit="t_f of one rank's stage")
+                      unit=STAGE_UNIT)
     return fig
 
 
