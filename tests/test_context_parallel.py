@@ -20,10 +20,10 @@ from distlab.context_parallel.layouts import (
     shard,
     unshard,
 )
-from distlab.context_parallel.memory import measured_dense_bytes, measured_ring_bytes
 from distlab.context_parallel.merge import block_attention, merge
 from distlab.context_parallel.parity import attention_parity, gpt_parity
 from distlab.context_parallel.ring import ring_attention
+from distlab.context_parallel.saved_activations import measured_dense_bytes, measured_ring_bytes
 
 TOL = 1e-12  # float64: the block-wise sums add the same terms in another order
 

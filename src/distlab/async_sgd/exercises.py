@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from distlab.async_sgd.cost_model import version_staleness_bound
-from distlab.async_sgd.schedule import Deadlock, simulate
+from distlab.async_sgd.simulate import Deadlock, simulate
 from distlab.async_sgd.ssp import may_start
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
 

@@ -3,8 +3,8 @@
 Every probe is guarded: a laptop with no GPU, no nvidia-smi, no InfiniBand and no /sys still gets a full
 `Probe`, which says plainly what is absent. The file-system roots (`sys_root`, `proc_root`), the
 nvidia-smi runner (`smi`) and the NVML module (`nvml`) are parameters, so tests feed fake trees and fake
-command output. `distlab doctor` reads the same functions. The GPU probes live in `probe_gpus.py`,
-the sysfs and procfs readers in `probe_host.py` (import their names from there); this file puts them
+command output. `distlab doctor` reads the same functions. The GPU probes live in `gpus.py`,
+the sysfs and procfs readers in `host.py` (import their names from there); this file puts them
 together.
 
 Sources of each fact, in the order tried:
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from distlab.hardware.probe_gpus import (
+from distlab.hardware.probe.gpus import (
     NO_GPU_PROBE,
     GPUInfo,
     SmiRunner,
@@ -33,7 +33,7 @@ from distlab.hardware.probe_gpus import (
     run_nvidia_smi,
     smi_gpus,
 )
-from distlab.hardware.probe_host import (
+from distlab.hardware.probe.host import (
     IBDevice,
     NumaNode,
     PCIeLink,
