@@ -22,9 +22,9 @@ One idea per file:
 - `__main__`: `python -m distlab.async_sgd`, one run from the command line, or under torchrun.
 """
 
+from distlab.async_sgd.config import PSConfig
 from distlab.async_sgd.cost_model import async_seconds, max_stable_lr, sync_seconds, version_staleness_bound
 from distlab.async_sgd.messages import HEADER_LEN, Kind, Message, recv_message, send_message
-from distlab.async_sgd.config import PSConfig
 from distlab.async_sgd.parameter_server import WorkerLog, run_rank
 from distlab.async_sgd.problem import Problem, sgd_reference
 from distlab.async_sgd.server import Death, ServerLog, Update
