@@ -380,7 +380,7 @@ def test_figures_draw() -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--bytes", "abc"], "argument --bytes: 'abc' is not a whole number"),
     (["--repeats", "0"], "argument --repeats: 0 must be at least 1"),
-    (["--size", "lots"], "argument --size: 'lots' is not a size such as 64K, 4M or 1G"),
+    (["--size", "lots"], "argument --size: 'lots' is not a size such as 4096, 64K, 4M, 1G or 1e6"),
     (["--world-size", "1"], "--world-size 1: a collective needs at least 2 ranks"),
     (["--world-size", "100000"], "--world-size 100000 is more ranks than this machine can start"),
 ])

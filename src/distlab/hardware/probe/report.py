@@ -89,20 +89,30 @@ def probe(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc", smi: S
 
 def render(p: Probe) -> str:
     """Plain-text view of a probe, one section per topic."""
+    lines = _gpu_lines(p) + _link_lines(p) + _numa_lines(p)
+    if p.memory:
+        lines.append(f"Memory: {p.memory.get('MemTotal', 0):.1f} GiB total")
+    return "\n".join(lines)
+
+
+def _gpu_lines(p: Probe) -> list[str]:
     lines = ["GPUs" + (f" (from {p.gpu_source}; driver {p.driver or '?'}):" if p.gpus else ":")]
     lines += [f"  GPU{g.index}: {g.name}" + (f", {g.nvlinks_active} NVLink(s) active"
                                               if g.nvlinks_active is not None else "") for g in p.gpus]
-    if not p.gpus:
-        lines.append("  " + NO_GPU_PROBE)
-    lines.append("PCIe links of NVIDIA devices (sysfs):")
+    return lines if p.gpus else [*lines, "  " + NO_GPU_PROBE]
+
+
+def _link_lines(p: Probe) -> list[str]:
+    lines = ["PCIe links of NVIDIA devices (sysfs):"]
     lines += [f"  {k.address}: {k.speed_gt_s or '?'} GT/s x{k.width or '?'} ({k.generation or 'unknown'}; "
               f"max {k.max_speed_gt_s or '?'} GT/s x{k.max_width or '?'})" for k in p.pcie] or ["  none"]
     lines.append("InfiniBand / RoCE ports (sysfs):")
     lines += [f"  {d.name} port {q.port}: {q.state}, {q.rate}, {q.link_layer}" for d in p.infiniband
               for q in d.ports] or ["  none (multi-node traffic would use TCP sockets)"]
-    lines.append("NUMA nodes:")
-    lines += [f"  node{n.node}: CPUs {n.cpus}" + (f", {n.memory_gib:.1f} GiB" if n.memory_gib else "")
-              for n in p.numa] or ["  none reported"]
-    if p.memory:
-        lines.append(f"Memory: {p.memory.get('MemTotal', 0):.1f} GiB total")
-    return "\n".join(lines)
+    return lines
+
+
+def _numa_lines(p: Probe) -> list[str]:
+    nodes = [f"  node{n.node}: CPUs {n.cpus}" + (f", {n.memory_gib:.1f} GiB" if n.memory_gib else "")
+             for n in p.numa]
+    return ["NUMA nodes:", *(nodes or ["  none reported"])]
