@@ -213,7 +213,7 @@ def test_command_line_bad_values_get_usage_errors(capsys):
                           (["--staleness", "2"], "staleness=2 applies only to mode='ssp'"),
                           (["--lr", "nan"], "lr=nan must be a finite positive number"),
                           (["--straggler", "4"], "straggler=4 is not a worker: with world_size=4"),
-                          (["--steps", "x"], "argument --steps: invalid int value: 'x'")):
+                          (["--steps", "x"], "argument --steps: 'x' is not a whole number")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
