@@ -24,12 +24,12 @@ from distlab.async_sgd import parity
 from distlab.async_sgd.__main__ import main
 from distlab.async_sgd.cost_model import async_seconds, max_stable_lr, sync_seconds, version_staleness_bound
 from distlab.async_sgd.exercises import check_may_start
-from distlab.async_sgd.experiments import Run, loss_curve, train
 from distlab.async_sgd.messages import HEADER_LEN, Kind, header
 from distlab.async_sgd.parameter_server import PSConfig, WorkerLog, run_rank, validate
 from distlab.async_sgd.problem import Problem, sgd_reference
-from distlab.async_sgd.schedule import Deadlock, simulate
+from distlab.async_sgd.runs import Run, loss_curve, train
 from distlab.async_sgd.server import ServerLog
+from distlab.async_sgd.simulate import Deadlock, simulate
 from distlab.async_sgd.ssp import may_start
 from distlab.async_sgd.staleness import delayed_sgd, spectral_radius
 
@@ -213,7 +213,7 @@ def test_command_line_bad_values_get_usage_errors(capsys):
                           (["--staleness", "2"], "staleness=2 applies only to mode='ssp'"),
                           (["--lr", "nan"], "lr=nan must be a finite positive number"),
                           (["--straggler", "4"], "straggler=4 is not a worker: with world_size=4"),
-                          (["--steps", "x"], "argument --steps: invalid int value: 'x'")):
+                          (["--steps", "x"], "argument --steps: 'x' is not a whole number")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2

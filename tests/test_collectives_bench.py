@@ -143,9 +143,9 @@ def test_bad_input_to_helpers(call, message):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--sizes", "abc"], "size 'abc' is not a byte count"),
-    (["--world-size", "0"], "world_size=0 must be a positive integer number of ranks"),
+    (["--world-size", "0"], "argument --world-size: 0 must be at least 1"),
     (["--world-size", "2", "100"], "world_size=100 must be a positive integer number of ranks, at most 64"),
-    (["--world-size", "two"], "argument --world-size: invalid int value: 'two'"),
+    (["--world-size", "two"], "argument --world-size: 'two' is not a whole number"),
     (["--implementations", "ring"], "unknown implementation 'ring'; choose from"),
     (["--collectives", "allreduce"], "argument --collectives: invalid choice: 'allreduce'"),
     (["--repeats", "0"], "repeats=0 must be an integer >= 1"),

@@ -21,8 +21,8 @@ SHAPE = {"batch": 2, "heads": 2, "head_dim": 8}
 
 
 def _on_ranks(seq_len: int, uneven: int, extras: bool) -> dict:
-    from distlab.context_parallel.memory import measured_ring_bytes
     from distlab.context_parallel.parity import gpt_parity
+    from distlab.context_parallel.saved_activations import measured_ring_bytes
     from distlab.mesh import grid
 
     layouts = ("zigzag", "contiguous")

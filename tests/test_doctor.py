@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from distlab import cli, doctor, launch
-from distlab.hardware import probe_host
+from distlab.hardware.probe import host as probe_host
 
 TOPO = """\
 \tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity

@@ -15,7 +15,10 @@ from distlab import catalog
 from distlab.checks import NOT_WRITTEN
 from distlab.collectives import cost_model
 from distlab.hardware import __main__ as cli
-from distlab.hardware import bench, exercises, probe, probe_gpus, probe_host, simulate, topology
+from distlab.hardware import bench, exercises, probe, topology
+from distlab.hardware import cost_model as hw_cost
+from distlab.hardware.probe import gpus as probe_gpus
+from distlab.hardware.probe import host as probe_host
 
 BOOK = Path(__file__).resolve().parents[1] / "book" / "08-hardware.md"
 
@@ -231,7 +234,7 @@ def test_bench_matches_a_gpu_to_its_pcie_link_by_address(monkeypatch: pytest.Mon
 
 
 # --------------------------------------------------------------------------------------------------
-# simulate
+# hw_cost (distlab.hardware.cost_model)
 # --------------------------------------------------------------------------------------------------
 
 def line_ring(p: int, GBps: float = 10.0, latency: float = 5e-6) -> topology.Topology:
@@ -250,7 +253,7 @@ def test_ring_matches_chapter_1_textbook_formula(p: int) -> None:
     n = np.array([0.0, 1e3, 1e6, 3e8])
     params = cost_model.MachineParams(alpha=5e-6, beta=1 / 10e9)
     want = cost_model.ring_all_reduce_time(n, p, params)
-    got = simulate.ring_all_reduce_time(line_ring(p), [f"g{i}" for i in range(p)], n)
+    got = hw_cost.ring_all_reduce_time(line_ring(p), [f"g{i}" for i in range(p)], n)
     np.testing.assert_allclose(got, want, rtol=1e-12)
     # ... and the formula written out, since the simulator now calls the cost model for each hop.
     np.testing.assert_allclose(got, 2 * (p - 1) * 5e-6 + 2 * (p - 1) / p * n / 10e9, rtol=1e-12)
@@ -259,30 +262,30 @@ def test_ring_matches_chapter_1_textbook_formula(p: int) -> None:
 def test_cluster_predictions_and_bottlenecks() -> None:
     one = topology.Cluster("DGX A100", 1)
     assert len(one.topology.gpus()) == 8 and "fabric" not in one.topology.nodes
-    hop = simulate.bottleneck(one.topology, one.flat_ring())
+    hop = hw_cost.bottleneck(one.topology, one.flat_ring())
     assert hop.GBps == 300 and hop.path[1] == "n0/nvswitch"  # NVLink 3, 12 links x 25 GB/s per direction
     four = topology.Cluster("DGX A100", 4)
-    flat = simulate.bottleneck(four.topology, four.flat_ring())
+    flat = hw_cost.bottleneck(four.topology, four.flat_ring())
     assert flat.GBps == 25 and flat.bottleneck.kind == "InfiniBand 200 Gb/s"  # the ring waits for the NIC
     n = 2.0**30
-    t = {a: float(simulate.predict_all_reduce(four, n, a)) for a in simulate.ALGORITHMS}
+    t = {a: float(hw_cost.predict_all_reduce(four, n, a)) for a in hw_cost.ALGORITHMS}
     assert t["two_level_ring"] < t["tree"] < t["flat_ring"]
-    small = {a: float(simulate.predict_all_reduce(four, 1024, a)) for a in simulate.ALGORITHMS}
+    small = {a: float(hw_cost.predict_all_reduce(four, 1024, a)) for a in hw_cost.ALGORITHMS}
     assert small["tree"] < small["two_level_ring"] < small["flat_ring"]  # log2 N latency terms win small
     # The flat ring's bandwidth term is that of a 32-rank ring on the NIC alone.
     zero = topology.Cluster("DGX A100", 4, topology.Latencies(0, 0, 0))
-    assert float(simulate.predict_all_reduce(zero, n, "flat_ring")) == pytest.approx(2 * 31 / 32 * n / 25e9)
+    assert float(hw_cost.predict_all_reduce(zero, n, "flat_ring")) == pytest.approx(2 * 31 / 32 * n / 25e9)
     # The two-level ring's bandwidth terms (book): 2 (m-1)/m n / B_nv + 2 (N-1)/N (n/m) / B_net.
     want = 2 * 7 / 8 * n / 300e9 + 2 * 3 / 4 * (n / 8) / 25e9
-    assert float(simulate.predict_all_reduce(zero, n, "two_level_ring")) == pytest.approx(want, rel=1e-12)
+    assert float(hw_cost.predict_all_reduce(zero, n, "two_level_ring")) == pytest.approx(want, rel=1e-12)
     dgx1 = topology.Cluster("DGX-1", 2, topology.Latencies(0, 0, 0))
-    inside = simulate.bottleneck(dgx1.topology, [dgx1.gpu(0, j) for j in dgx1.intra_order])
+    inside = hw_cost.bottleneck(dgx1.topology, [dgx1.gpu(0, j) for j in dgx1.intra_order])
     assert inside.GBps == 50  # every hop of DGX1_RING has two NVLinks
-    naive = simulate.bottleneck(topology.server_topology("DGX-1"), [f"gpu{i}" for i in range(8)])
+    naive = hw_cost.bottleneck(topology.server_topology("DGX-1"), [f"gpu{i}" for i in range(8)])
     assert naive.GBps == 25 and (naive.src, naive.dst) == ("gpu0", "gpu1")
     # Two DGX-1 GPUs share each NIC: their cross-server rings share it too.
     rings = [[dgx1.gpu(0, 0), dgx1.gpu(1, 0)], [dgx1.gpu(0, 1), dgx1.gpu(1, 1)]]
-    hops = simulate.ring_hops(dgx1.topology, rings)
+    hops = hw_cost.ring_hops(dgx1.topology, rings)
     assert {h.GBps for ring in hops for h in ring} == {6.25}
 
 
@@ -301,20 +304,20 @@ def test_simulate_bad_input() -> None:
     with pytest.raises(ValueError, match=r"topology 't' is disconnected: b cannot be reached from 'a'"):
         topo.check_connected()
     with pytest.raises(ValueError, match=r"disconnected: no path from 'a' to 'b'; add a link"):
-        simulate.ring_all_reduce_time(topo, ["a", "b"], 1e6)
+        hw_cost.ring_all_reduce_time(topo, ["a", "b"], 1e6)
     with pytest.raises(ValueError, match=r"server 'DGX B200' cannot be simulated; choose one of DGX-1"):
         topology.Cluster("DGX B200", 2)
     with pytest.raises(ValueError, match=r"nodes=0 must be a positive integer number of servers"):
         topology.Cluster("DGX H100", 0)
     cluster = topology.Cluster("DGX H100", 2)
     with pytest.raises(ValueError, match=r"unknown algorithm 'ring'; choose one of flat_ring"):
-        simulate.predict_all_reduce(cluster, 1e6, "ring")
+        hw_cost.predict_all_reduce(cluster, 1e6, "ring")
     with pytest.raises(ValueError, match=r"nbytes=-1 must be sizes in bytes >= 0"):
-        simulate.predict_all_reduce(cluster, -1)
+        hw_cost.predict_all_reduce(cluster, -1)
     with pytest.raises(ValueError, match=r"\['n0/nvswitch'\] which are not GPUs"):
-        simulate.bottleneck(cluster.topology, ["n0/gpu0", "n0/nvswitch"])
+        hw_cost.bottleneck(cluster.topology, ["n0/gpu0", "n0/nvswitch"])
     with pytest.raises(ValueError, match=r"visits a GPU twice"):
-        simulate.bottleneck(cluster.topology, ["n0/gpu0", "n0/gpu1", "n0/gpu0"])
+        hw_cost.bottleneck(cluster.topology, ["n0/gpu0", "n0/gpu1", "n0/gpu0"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -377,7 +380,7 @@ def test_figures_draw() -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--bytes", "abc"], "argument --bytes: 'abc' is not a whole number"),
     (["--repeats", "0"], "argument --repeats: 0 must be at least 1"),
-    (["--size", "lots"], "argument --size: 'lots' is not a size such as 64K, 4M or 1G"),
+    (["--size", "lots"], "argument --size: 'lots' is not a size such as 4096, 64K, 4M, 1G or 1e6"),
     (["--world-size", "1"], "--world-size 1: a collective needs at least 2 ranks"),
     (["--world-size", "100000"], "--world-size 100000 is more ranks than this machine can start"),
 ])

@@ -25,7 +25,7 @@ from distlab.moe import (
     cost_model,
     exercises,
     expert_capacity,
-    explore,
+    load_balance,
     load_balancing_loss,
     router_z_loss,
     top_k_gating,
@@ -319,22 +319,23 @@ def test_all_to_all_prediction():
 
 def test_drop_rate_falls_with_capacity_and_rises_with_skew():
     factors = [0.5, 1.0, 1.5, 2.0, 3.0]
-    flat, skewed = explore.drop_rate_curve(factors, skew=0.0), explore.drop_rate_curve(factors, skew=1.0)
+    flat = load_balance.drop_rate_curve(factors, skew=0.0)
+    skewed = load_balance.drop_rate_curve(factors, skew=1.0)
     assert flat == sorted(flat, reverse=True) and skewed == sorted(skewed, reverse=True)
     assert all(s >= f for s, f in zip(skewed, flat, strict=True)) and flat[-1] == 0.0
     with pytest.raises(ValueError, match=r"skew=-1 must be >= 0"):
-        explore.skewed_tokens(4, 2, -1)
+        load_balance.skewed_tokens(4, 2, -1)
 
 
 def test_balancing_loss_evens_out_the_load():
-    without = explore.train_balance(0.0, steps=40)
-    with_aux = explore.train_balance(1e-2, steps=40)
+    without = load_balance.train_balance(0.0, steps=40)
+    with_aux = load_balance.train_balance(1e-2, steps=40)
     assert float(without.imbalance()[-10:].mean()) > 2 * float(with_aux.imbalance()[-10:].mean())
     assert sum(with_aux.dropped[-10:]) < sum(without.dropped[-10:])
 
 
 def test_send_matrix_rows_add_up_to_the_kept_assignments():
-    rows = explore.send_matrix(8, 2, 10.0, 0.0, 4, tokens_per_rank=32)
+    rows = load_balance.send_matrix(8, 2, 10.0, 0.0, 4, tokens_per_rank=32)
     assert rows.shape == (4, 4) and rows.sum(1).tolist() == [64] * 4
 
 

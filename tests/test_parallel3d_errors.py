@@ -53,7 +53,7 @@ def test_vocab_and_dropout_are_checked_too():
 @pytest.mark.parametrize("argv, message", [
     (["--dp", "2", "--pp", "2", "--world-size", "3"], "choose sizes whose product is 3"),
     (["--tp", "5"], "n_head=12 is not divisible by tp=5"),
-    (["--dp", "0"], "argument --dp: 0 must be a positive integer"),
+    (["--dp", "0"], "argument --dp: 0 must be at least 1"),
     (["--zero-stage", "3"], "argument --zero-stage: invalid choice: 3"),
     (["--hidden", "25"], "argument --hidden: 25 is not divisible by --heads 12"),
 ])

@@ -32,9 +32,9 @@ from pathlib import Path
 from distlab.doctor_network import describe as describe_network
 from distlab.doctor_network import network_env
 
-# the machine probes are chapter 8's (distlab.hardware.probe_gpus and probe_host)
-from distlab.hardware.probe_gpus import SmiRunner, run_nvidia_smi, summarize_nvlink
-from distlab.hardware.probe_host import IBDevice, read_infiniband, read_meminfo
+# the machine probes are chapter 8's (distlab.hardware.probe.gpus and distlab.hardware.probe.host)
+from distlab.hardware.probe.gpus import SmiRunner, run_nvidia_smi, summarize_nvlink
+from distlab.hardware.probe.host import IBDevice, read_infiniband, read_meminfo
 
 NCCL_PIP_PACKAGES = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
 CPU_WORLD_SIZES = (2, 4)

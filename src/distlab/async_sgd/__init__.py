@@ -11,22 +11,24 @@ One idea per file:
   stable learning rate for a delay.
 - `problem`: the model and data every worker and the server share, and the single-process reference.
 - `server`: the server's loop, one handler per kind of message, and its log (Dean et al. 2012; Li et al.
-  2014); `parameter_server`: the run's settings, the worker's loop and every rank's entry point.
+  2014); `config`: the run's settings (`PSConfig`), which both read; `parameter_server`: their
+  validation, the worker's loop and every rank's entry point.
 - `parity`: a synchronous run against single-process SGD, with the tolerance stated.
-- `experiments`: launching runs and reading their logs.
-- `schedule`: the same rule simulated in time (deterministic schedules and staleness for the book).
+- `runs`: launching runs and reading their logs.
+- `simulate`: the same rule simulated in time (deterministic schedules and staleness for the book).
 - `staleness`: SGD with delayed gradients, and the check of the stable learning rate.
 - `hogwild`: lock-free SGD on shared memory for sparse problems (Recht et al. 2011), and a locked variant.
 - `figures`: the pictures; `exercises`: the check of the lab's exercise.
 - `__main__`: `python -m distlab.async_sgd`, one run from the command line, or under torchrun.
 """
 
+from distlab.async_sgd.config import PSConfig
 from distlab.async_sgd.cost_model import async_seconds, max_stable_lr, sync_seconds, version_staleness_bound
 from distlab.async_sgd.messages import HEADER_LEN, Kind, Message, recv_message, send_message
-from distlab.async_sgd.parameter_server import PSConfig, WorkerLog, run_rank
+from distlab.async_sgd.parameter_server import WorkerLog, run_rank
 from distlab.async_sgd.problem import Problem, sgd_reference
-from distlab.async_sgd.schedule import Step, simulate
 from distlab.async_sgd.server import Death, ServerLog, Update
+from distlab.async_sgd.simulate import Step, simulate
 from distlab.async_sgd.ssp import MODES, may_start
 
 __all__ = [

@@ -22,6 +22,7 @@ from distlab.async_sgd.parameter_server import PSConfig, run_rank, validate
 from distlab.async_sgd.problem import Problem
 from distlab.async_sgd.server import ServerLog
 from distlab.async_sgd.ssp import MODES
+from distlab.cli_types import add_seed, add_steps, add_world_size, non_negative_int, positive_int
 
 
 def summary(log: ServerLog) -> str:
@@ -51,39 +52,41 @@ def _under_torchrun(config: PSConfig) -> None:
         print(summary(log), flush=True)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The options, each with its default in the help."""
     parser = argparse.ArgumentParser(prog="python -m distlab.async_sgd", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--mode", default="async", choices=MODES, help="consistency mode")
-    parser.add_argument("--staleness", type=int, default=None,
+    parser.add_argument("--staleness", type=non_negative_int, default=None,
                         help="SSP threshold s: clocks a worker may run ahead (for --mode ssp only)")
-    parser.add_argument("--world-size", type=int, default=4,
-                        help="ranks to start without torchrun: the server (rank 0) and the workers")
-    parser.add_argument("--steps", type=int, default=30, help="gradients per worker")
+    add_world_size(parser, 4, "ranks to start without torchrun: the server (rank 0) and the workers")
+    add_steps(parser, 30, "gradients per worker")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate")
-    parser.add_argument("--global-batch", type=int, default=48, help="examples per clock, over all workers")
+    parser.add_argument("--global-batch", type=positive_int, default=48,
+                        help="examples per clock, over all workers")
     parser.add_argument("--compute-time", type=float, default=0.01, help="seconds per gradient (a sleep)")
-    parser.add_argument("--straggler", type=int, default=None, help="the slow worker (1 .. world size - 1)")
+    parser.add_argument("--straggler", type=positive_int, default=None,
+                        help="the slow worker (1 .. world size - 1)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="how many times slower the straggler is")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
+    add_seed(parser, "seed of the model and the data")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the options (a bad value exits with argparse's usage error), then run and print a summary."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     if args.mode == "ssp" and args.staleness is None:
-        parser.error("--mode ssp needs --staleness S, the number of clocks a worker may run ahead, e.g. 2")
+        cli.error("--mode ssp needs --staleness S, the number of clocks a worker may run ahead, e.g. 2")
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world_size = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
     try:
         config = _config(args)
         validate(config, world_size)
     except ValueError as e:
-        parser.error(str(e))
+        cli.error(str(e))
     if not torchrun and world_size > 64:
-        parser.error(f"--world-size {world_size} starts that many processes on this machine; use at most 64")
+        cli.error(f"--world-size {world_size} starts that many processes on this machine; use at most 64")
     if torchrun:
         launch.under_torchrun(_under_torchrun, config, backend="gloo")  # a CPU parameter server
         return

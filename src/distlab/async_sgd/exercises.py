@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from distlab.async_sgd.cost_model import version_staleness_bound
-from distlab.async_sgd.schedule import Deadlock, simulate
+from distlab.async_sgd.simulate import Deadlock, simulate
 from distlab.async_sgd.ssp import may_start
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
 
@@ -57,41 +57,43 @@ def _recording(fn: Callable[[int, Sequence[int], float], bool], seen: list[str])
     return rule
 
 
+def _rule_case(fn: Callable, clock: int, clocks: Sequence[int], s: float, meaning: str) -> CaseResult:
+    """One call of the rule beside SSP's answer."""
+    label = f"may_start({clock}, {list(clocks)}, {s})"
+    try:
+        got = fn(clock, list(clocks), s)
+    except Exception as e:  # report any mistake
+        return not_written(label) if is_stub(e) else CaseResult(label, False,
+                                                                [f"raised {type(e).__name__}: {e}"])
+    want = may_start(clock, clocks, s)
+    ok = isinstance(got, (bool, int)) and bool(got) == want
+    return CaseResult(label, ok, [] if ok else [f"returned {got!r}, expected {want}: {meaning}"])
+
+
+def _simulated_case(fn: Callable, mode: str, times: Sequence[float], s: float) -> CaseResult:
+    """A whole simulated run with the rule: no deadlock, no call that differs, staleness within the bound."""
+    label = f"simulated {mode} run{f' with s = {s}' if mode == 'ssp' else ''}, step times {times}"
+    seen: list[str] = []
+    try:
+        steps = simulate(mode, times, 8, s if mode == "ssp" else math.inf, rule=_recording(fn, seen))
+    except Deadlock as e:
+        return CaseResult(label, False, [f"the rule deadlocks: {e}"])
+    except Exception as e:  # report any mistake
+        return not_written(label) if is_stub(e) else CaseResult(label, False, [f"the rule raised "
+                                                                               f"{type(e).__name__}: {e}"])
+    bound = version_staleness_bound(len(times), {"sync": 0, "ssp": s, "async": math.inf}[mode])
+    worst = max(st.staleness for st in steps)
+    if mode != "sync" and worst > bound:
+        return CaseResult(label, False, [f"a gradient was {worst} updates stale, more than SSP allows "
+                                         f"((W - 1)(2s + 1) = {bound}): fast workers ran too far ahead"])
+    return CaseResult(label, not seen, [f"the rule {seen[0]}"] if seen else [])
+
+
 def check_may_start(fn: Callable[[int, Sequence[int], float], bool]) -> CheckResult:
     """Test `fn(clock, clocks, staleness)` against SSP's rule and explain each difference."""
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_may_start(my_may_start), without calling it")
-    cases: list[CaseResult] = []
-    for clock, clocks, s, meaning in CASES:
-        label = f"may_start({clock}, {list(clocks)}, {s})"
-        try:
-            got = fn(clock, list(clocks), s)
-        except Exception as e:  # report any mistake
-            cases.append(not_written(label) if is_stub(e) else
-                         CaseResult(label, False, [f"raised {type(e).__name__}: {e}"]))
-            continue
-        want = may_start(clock, clocks, s)
-        ok = isinstance(got, (bool, int)) and bool(got) == want
-        cases.append(CaseResult(label, ok, [] if ok else [f"returned {got!r}, expected {want}: {meaning}"]))
-    for mode, times, s in _scenarios():
-        label = f"simulated {mode} run{f' with s = {s}' if mode == 'ssp' else ''}, step times {times}"
-        seen: list[str] = []
-        try:
-            steps = simulate(mode, times, 8, s if mode == "ssp" else math.inf, rule=_recording(fn, seen))
-        except Deadlock as e:
-            cases.append(CaseResult(label, False, [f"the rule deadlocks: {e}"]))
-            continue
-        except Exception as e:  # report any mistake
-            cases.append(not_written(label) if is_stub(e) else
-                         CaseResult(label, False, [f"the rule raised {type(e).__name__}: {e}"]))
-            continue
-        bound = version_staleness_bound(len(times), {"sync": 0, "ssp": s, "async": math.inf}[mode])
-        worst = max(st.staleness for st in steps)
-        if mode != "sync" and worst > bound:
-            cases.append(CaseResult(label, False, [f"a gradient was {worst} updates stale, more than SSP "
-                                                   f"allows ((W - 1)(2s + 1) = {bound}): fast workers ran "
-                                                   "too far ahead"]))
-        else:
-            cases.append(CaseResult(label, not seen, [f"the rule {seen[0]}"] if seen else []))
+    cases = [_rule_case(fn, clock, clocks, s, meaning) for clock, clocks, s, meaning in CASES]
+    cases += [_simulated_case(fn, mode, times, s) for mode, times, s in _scenarios()]
     return CheckResult("check_may_start", cases, case_heading="case")

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from distlab.async_sgd.cost_model import max_stable_lr
 from distlab.async_sgd.problem import Problem
-from distlab.async_sgd.schedule import simulate
+from distlab.async_sgd.simulate import simulate
 from distlab.async_sgd.staleness import delayed_sgd
 from distlab.explorers import explorer_box
 from distlab.style import GREY, LINES, done
@@ -115,7 +115,7 @@ def staleness_cost_figure(taus: Sequence[int] = (0, 2, 4, 8), lr: float = 0.1, s
 
 def loss_figure(curves: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], title: str = "") -> Figure:
     """Loss against gradients applied (left) and against seconds (right), one line per run
-    (`experiments.loss_curve` gives the three arrays)."""
+    (`runs.loss_curve` gives the three arrays)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for k, (label, (grads, secs, loss)) in enumerate(curves.items()):
         c = COLOURS[k % len(COLOURS)]

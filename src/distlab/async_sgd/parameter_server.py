@@ -16,7 +16,8 @@ The server logs every update: which worker, its clock, the version the gradient 
 version it was applied to; their difference is the gradient's *staleness*. A worker that falls silent
 for `worker_timeout` seconds is declared dead: the asynchronous modes carry on without it and report it;
 the synchronous mode cannot, and raises an error that says so instead of waiting forever. The server's
-loop is in `server`; this file holds the run's settings, their validation, and the worker's loop.
+loop is in `server`, the run's settings (`PSConfig`) in `config`; this file holds their validation
+and the worker's loop.
 
 Every message travels inside the job's group. gloo keeps one connection per pair of ranks, and a worker
 that dies breaks only its own: the server's receives from the other workers go on (the dead-worker
@@ -32,39 +33,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from distlab.async_sgd.config import PSConfig
 from distlab.async_sgd.messages import Kind, recv_message, send_message
-from distlab.async_sgd.problem import Problem, gradient, worker_batch
+from distlab.async_sgd.problem import gradient, worker_batch
 from distlab.async_sgd.server import ServerLog, serve
 from distlab.async_sgd.ssp import MODES, check_staleness
-
-
-@dataclass(frozen=True)
-class PSConfig:
-    """One training run. `steps` is per worker: sync runs `steps` rounds, the asynchronous modes stop once
-    the server has applied steps x W gradients. A worker's gradient takes `compute_time` seconds (a sleep
-    that stands for a bigger model), `slowdown` times longer on worker `straggler`. Worker `fail_worker`
-    crashes when it reaches clock `fail_at` (an injected fault). A worker silent for `worker_timeout`
-    seconds while it owes a gradient is presumed dead; `timeout` bounds every wait for a message."""
-
-    mode: str = "async"
-    staleness: int | float = math.inf
-    steps: int = 20
-    global_batch: int = 48
-    lr: float = 0.05
-    compute_time: float = 0.0
-    straggler: int | None = None
-    slowdown: float = 1.0
-    fail_worker: int | None = None
-    fail_at: int = 0
-    worker_timeout: float = 2.0
-    timeout: float = 30.0  # seconds any rank waits for one message before its receive fails (no hangs)
-    record_every: int = 1
-    problem: Problem = field(default_factory=Problem)
-
-    @property
-    def threshold(self) -> int | float:
-        """The SSP threshold this mode uses: 0 for sync, `staleness` for ssp, infinity for async."""
-        return {"sync": 0, "ssp": self.staleness, "async": math.inf}[self.mode]
 
 
 def validate(config: PSConfig, world_size: int) -> None:

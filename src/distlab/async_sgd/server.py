@@ -26,17 +26,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from distlab.async_sgd.config import PSConfig
 from distlab.async_sgd.messages import Kind, Message, recv_message, send_message
 from distlab.async_sgd.problem import flat_params
 from distlab.async_sgd.ssp import may_start
-
-if TYPE_CHECKING:
-    from distlab.async_sgd.parameter_server import PSConfig
 
 
 class Update(NamedTuple):

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 
 from distlab import launch
+from distlab.cli_types import add_json, add_world_size
 from distlab.collectives.bench import benchmark, check_arguments
 from distlab.collectives.busbw import (
     COLLECTIVES,
@@ -37,19 +38,21 @@ def parser() -> argparse.ArgumentParser:
                    help=f"collectives to measure, of {', '.join(COLLECTIVES)}")
     p.add_argument("--implementations", nargs="+", default=None, metavar="NAME",
                    help="names from ALGORITHMS and 'torch' (the built-in); default: all of ours and torch")
-    p.add_argument("--world-size", type=int, nargs="+", default=[2], metavar="N",
-                   help="ranks to start, one run per value (ignored under torchrun, which sets the world)")
+    add_world_size(p, [2], "ranks to start, one run per value (ignored under torchrun, which sets the world)",
+                   nargs="+")
     p.add_argument("--iters", type=int, default=None,
                    help="calls per timed block; default: 20, fewer for big messages (a block moves ~256 MB)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls first; default: min(5, iters)")
-    p.add_argument("--repeats", type=int, default=5, help="timed blocks per implementation (median taken)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls first; default: min(5, iters)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed blocks per implementation (median taken)")
     p.add_argument("--dtype", default="float32", choices=list(_DTYPES), help="element type")
     p.add_argument("--ranks-per-node", type=int, default=None,
                    help="node size for hierarchical_all_reduce; default: LOCAL_WORLD_SIZE under torchrun on "
                         "several nodes, else half the ranks when p is even and >= 4, else p")
     p.add_argument("--over-ranks", default="max", choices=["max", "mean"],
                    help="a block's time: the slowest rank's (max) or the mean over ranks (nccl-tests' -a 1)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of tables")
+    add_json(p, "print the rows as JSON instead of tables")
     return p
 
 

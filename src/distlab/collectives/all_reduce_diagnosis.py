@@ -57,16 +57,29 @@ def _signature(got: float, want: float, i: int, rank: int, p: int) -> tuple:
         return ("nan",)
     if got == 0:
         return ("zero",)
+    digits = _decode(got, i, rank, p) if got > 0 and got == round(got) else None
+    if digits is not None:
+        return digits
+    return _ratio_signature(got, want)
+
+
+def _decode(got: float, i: int, rank: int, p: int) -> tuple | None:
+    """Read a whole positive value as base-B digits (whose data, how often) and a high part (which
+    position): ("own",), ("times", m), ("mix", counts) or ("shift",); None if the digits explain nothing."""
     b = base(p)
-    if got > 0 and got == round(got):
-        high, low = divmod(int(got), b**p)
-        counts = tuple((low // b**q) % b for q in range(p))
-        if high == (i + 1) * sum(counts):  # whole contributions, all from position i
-            if counts == tuple(int(q == rank) for q in range(p)):
-                return ("own",)
-            return ("times", counts[0]) if len(set(counts)) == 1 else ("mix", counts)
-        if sum(counts) and high % sum(counts) == 0 and high // sum(counts) <= 2 * MAX_COUNT:
-            return ("shift",)  # whole contributions, from another position
+    high, low = divmod(int(got), b**p)
+    counts = tuple((low // b**q) % b for q in range(p))
+    if high == (i + 1) * sum(counts):  # whole contributions, all from position i
+        if counts == tuple(int(q == rank) for q in range(p)):
+            return ("own",)
+        return ("times", counts[0]) if len(set(counts)) == 1 else ("mix", counts)
+    if sum(counts) and high % sum(counts) == 0 and high // sum(counts) <= 2 * MAX_COUNT:
+        return ("shift",)  # whole contributions, from another position
+    return None
+
+
+def _ratio_signature(got: float, want: float) -> tuple:
+    """A value the digits do not explain: a whole multiple or fraction of the sum, more, or neither."""
     if want / got == round(want / got) > 1:
         return ("divided", round(want / got))
     if got / want == round(got / want) > 1:
@@ -95,36 +108,41 @@ def _two_level_hint(rank: int, present: list[int], p: int, ranks_per_node: int) 
     return ""
 
 
+# What a signature of one kind says, with {at} (the place), {got} and {want} (the values), {m} (a factor).
+_STORIES = {
+    "zero": ("{at} is all zeros: what was received never reached the tensor (receive into the tensor's "
+             "slice, or add/copy the receive buffer back into it)"),
+    "nan": ("{at} holds NaN or inf: a buffer from torch.empty was used before anything was received into "
+            "it"),
+    "odd": ("{at} holds {got:g} where {want:g} was expected, which no sum of the inputs explains: was "
+            "something subtracted or divided, or read from an uninitialised buffer (torch.empty)?"),
+    "excess": ("{at} holds more than the full sum ({got:g} where {want:g} was expected): some rank's data "
+               "was added more than once, so a chunk was added twice"),
+    "shift": ("{at} holds data from other positions: sender and receiver disagree on where a chunk starts "
+              "or ends (use chunk_bounds(n, p) on every rank, and send and receive the same chunk)"),
+    "divided": ("{at}: values are {m} times too small: the sum was divided by {m} (all-reduce with SUM "
+                "adds; average only if asked to)"),
+}
+
+
 def _explain(sig: tuple, where: str, rank: int, p: int, got: float, want: float,
              ranks_per_node: int | None) -> str:
     at = f"{where} on rank {rank}"
     kind = sig[0]
+    if kind in _STORIES:
+        return _STORIES[kind].format(at=at, got=got, want=want, m=sig[1] if len(sig) > 1 else None)
     if kind == "own":
         what = "that chunk was" if where.startswith("chunk") else "those elements were"
         return f"{at} equals rank {rank}'s own input: {what} never reduced"
-    if kind == "zero":
-        return (f"{at} is all zeros: what was received never reached the tensor (receive into the "
-                "tensor's slice, or add/copy the receive buffer back into it)")
-    if kind == "nan":
-        return (f"{at} holds NaN or inf: a buffer from torch.empty was used before anything was received "
-                "into it")
-    if kind == "odd":
-        return (f"{at} holds {got:g} where {want:g} was expected, which no sum of the inputs explains: was "
-                "something subtracted or divided, or read from an uninitialised buffer (torch.empty)?")
-    if kind == "excess":
-        return (f"{at} holds more than the full sum ({got:g} where {want:g} was expected): some rank's "
-                "data was added more than once, so a chunk was added twice")
-    if kind == "shift":
-        return (f"{at} holds data from other positions: sender and receiver disagree on where a chunk "
-                "starts or ends (use chunk_bounds(n, p) on every rank, and send and receive the same chunk)")
-    if kind == "divided":
-        return (f"{at}: values are {sig[1]} times too small: the sum was divided by {sig[1]} (all-reduce "
-                "with SUM adds; average only if asked to)")
     if kind == "times":
         m = sig[1]
         return (f"{at}: values are {'p = ' if m == p else ''}{m} times too large: every rank's data was "
                 f"added {m} times, so a chunk was added twice (did an all-gather step add instead of copy?)")
-    counts = sig[1]
+    return _explain_mix(sig[1], at, rank, p, ranks_per_node)
+
+
+def _explain_mix(counts: tuple, at: str, rank: int, p: int, ranks_per_node: int | None) -> str:
+    """A sum of some ranks' data, some of it more than once: which ranks are doubled, which missing."""
     present = [q for q in range(p) if counts[q]]
     twice = [q for q in range(p) if counts[q] > 1]
     missing = [q for q in range(p) if not counts[q]]
@@ -138,58 +156,82 @@ def _explain(sig: tuple, where: str, rank: int, p: int, got: float, want: float,
     return f"{at} " + "; and it ".join(parts)
 
 
+def _returned(rank: int, p: int, original, got, returned: Any) -> tuple[list[str], Any, bool]:
+    """What the function handed back: the problems with it, the tensor to explain (the one it computed),
+    and whether to stop there (a result of the wrong shape cannot be compared)."""
+    import torch
+
+    if returned is None:
+        return [f"the function returned None on rank {rank}: return the tensor (`return tensor`)"], got, False
+    if not isinstance(returned, torch.Tensor):
+        return [f"the function returned a {type(returned).__name__} on rank {rank}: return the "
+                "tensor"], got, False
+    if returned is got or not torch.equal(got, original) or p == 1:
+        return [], got, False
+    if tuple(returned.shape) != tuple(got.shape):
+        return [f"the function returned shape {tuple(returned.shape)} on rank {rank}, but the input has "
+                f"shape {tuple(got.shape)}: all-reduce keeps the shape"], returned, True
+    return [f"the input was not modified in place on rank {rank}: the function returned a new tensor, but "
+            "all-reduce must write the sum into the tensor it was given (e.g. tensor.copy_(result), or work "
+            "on slices of tensor)"], returned, False  # explain what it computed, and that it was not written
+
+
+def _runs(sigs: list[tuple], chunks: list[tuple[int, int]]) -> list[tuple[tuple, int, int]]:
+    """Consecutive elements with the same story, as (signature, start, end); never across chunks."""
+    runs: list[tuple[tuple, int, int]] = []
+    for i, sig in enumerate(sigs):
+        new_chunk = any(lo == i for lo, _ in chunks)
+        if runs and runs[-1][0] == sig and not new_chunk:
+            runs[-1] = (sig, runs[-1][1], i + 1)
+        else:
+            runs.append((sig, i, i + 1))
+    return runs
+
+
+def _phase_missing(sigs: list[tuple], wrong: list, chunks: list[tuple[int, int]], rank: int) -> list[str]:
+    """When data is missing and nothing doubled: the phase of the ring that did not run, if it shows."""
+    right = [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
+    partial = [s for s, _, _ in wrong if s[0] == "own" or (s[0] == "mix" and max(s[1]) == 1)]
+    if len(partial) != len(wrong):
+        return []
+    if len(right) == 1:
+        return [f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?"]
+    if all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
+        return [f"every wrong chunk on rank {rank} holds one rank's data only: the all-gather spread chunks "
+                "that were never reduced (does the reduce-scatter run p - 1 steps, and does the all-gather "
+                "start from the chunk this rank finished reducing?)"]
+    return []
+
+
 def _diagnose(rank: int, p: int, n: int, original, got, expected, returned: Any,
               ranks_per_node: int | None) -> list[str]:
     """Every problem with this rank's result, most telling first; [] when it is right."""
-    import torch
-
-    problems = []
-    target = got
-    if returned is None:
-        problems.append(f"the function returned None on rank {rank}: return the tensor (`return tensor`)")
-    elif not isinstance(returned, torch.Tensor):
-        problems.append(f"the function returned a {type(returned).__name__} on rank {rank}: return the "
-                        "tensor")
-    elif returned is not got and torch.equal(got, original) and p > 1:
-        target = returned  # explain what it computed, and that it did not write it back
-        if tuple(returned.shape) != tuple(got.shape):
-            return problems + [f"the function returned shape {tuple(returned.shape)} on rank {rank}, but "
-                               f"the input has shape {tuple(got.shape)}: all-reduce keeps the shape"]
-        problems.append(f"the input was not modified in place on rank {rank}: the function returned a new "
-                        "tensor, but all-reduce must write the sum into the tensor it was given "
-                        "(e.g. tensor.copy_(result), or work on slices of tensor)")
+    problems, target, stop = _returned(rank, p, original, got, returned)
+    if stop:
+        return problems
     values = target.double().reshape(-1).tolist()
     want = expected.double().reshape(-1).tolist()
     sigs = [_signature(v, w, i, rank, p) for i, (v, w) in enumerate(zip(values, want, strict=True))]
     if all(s == ("own",) for s in sigs) and p > 1:
         return problems + [f"the tensor on rank {rank} is unchanged (it still equals rank {rank}'s own "
                            "input): nothing was reduced into it"]
-    runs: list[tuple[tuple, int, int]] = []
     parts = p if ranks_per_node is None else None
     chunks = chunk_bounds(n, parts) if parts else [(0, n)]
-    for i, sig in enumerate(sigs):  # consecutive elements with the same story, never across chunks
-        new_chunk = any(lo == i for lo, _ in chunks)
-        if runs and runs[-1][0] == sig and not new_chunk:
-            runs[-1] = (sig, runs[-1][1], i + 1)
-        else:
-            runs.append((sig, i, i + 1))
-    wrong = [(s, a, b) for s, a, b in runs if s != ("ok",)]
-    right = [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
-    partial = [s for s, _, _ in wrong if s[0] == "own" or (s[0] == "mix" and max(s[1]) == 1)]
-    if parts and wrong and n >= p > 1 and len(partial) == len(wrong):  # data missing, nothing doubled
-        if len(right) == 1:
-            problems.append(f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?")
-        elif all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
-            problems.append(f"every wrong chunk on rank {rank} holds one rank's data only: the all-gather "
-                            "spread chunks that were never reduced (does the reduce-scatter run p - 1 steps, "
-                            "and does the all-gather start from the chunk this rank finished reducing?)")
+    wrong = [(s, a, b) for s, a, b in _runs(sigs, chunks) if s != ("ok",)]
+    if parts and wrong and n >= p > 1:
+        problems += _phase_missing(sigs, wrong, chunks, rank)
+    return problems + _details(wrong, values, want, n, parts, rank, p, ranks_per_node)
+
+
+def _details(wrong: list, values: list[float], want: list[float], n: int, parts: int | None, rank: int,
+             p: int, ranks_per_node: int | None) -> list[str]:
+    """The story of each wrong run of elements, the first two of them (one when all tell the same)."""
     if len({s for s, _, _ in wrong}) == 1 and sum(b - a for _, a, b in wrong) == n and n > 1:
         wrong = [(wrong[0][0], 0, n)]  # one story for the whole tensor: tell it once
     details = [_explain(s, "the whole tensor" if (a, b) == (0, n) and n > 1 else _where(a, b, n, parts),
                         rank, p, values[a], want[a], ranks_per_node) for s, a, b in wrong]
-    problems += details[:2] + ([f"(and {len(details) - 2} more wrong parts on rank {rank})"]
-                               if len(details) > 2 else [])
-    return problems
+    more = [f"(and {len(details) - 2} more wrong parts on rank {rank})"] if len(details) > 2 else []
+    return details[:2] + more
 
 
 def _run_cases(fn: Callable[..., Any], counts: Sequence[int], ranks_per_node: int | None) -> list[list[str]]:

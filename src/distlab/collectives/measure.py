@@ -71,19 +71,30 @@ def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks
     parts = [zeros(count // p) for _ in range(p)] if collective == "all_to_all" or (
         root and collective in ("scatter", "gather")) else None
     if impl != BUILTIN:
-        algo = ALGORITHMS[impl]
-        extra = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
-        fn, g = algo.fn, group
-        return {
-            "all_reduce": lambda: fn(whole, group=g, **extra),
-            "reduce_scatter": lambda: fn(whole, group=g),
-            "all_gather": lambda: fn(part, group=g),
-            "broadcast": lambda: fn(whole, src=0, group=g),
-            "reduce": lambda: fn(whole, dst=0, group=g),
-            "all_to_all": lambda: fn(parts, group=g),
-            "scatter": lambda: fn(parts, src=0, group=g),
-            "gather": lambda: fn(part, dst=0, group=g),
-        }[collective]
+        return _ours(collective, ALGORITHMS[impl], ranks_per_node, whole, part, parts, group)
+    return _builtin(collective, count, p, zeros, whole, part, parts, group)
+
+
+def _ours(collective: str, algo: Any, ranks_per_node: int, whole: Any, part: Any, parts: Any,
+          g: ProcessGroup | None) -> Callable[[], object]:
+    """One call of our algorithm `algo` on the buffers."""
+    extra = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
+    fn = algo.fn
+    return {
+        "all_reduce": lambda: fn(whole, group=g, **extra),
+        "reduce_scatter": lambda: fn(whole, group=g),
+        "all_gather": lambda: fn(part, group=g),
+        "broadcast": lambda: fn(whole, src=0, group=g),
+        "reduce": lambda: fn(whole, dst=0, group=g),
+        "all_to_all": lambda: fn(parts, group=g),
+        "scatter": lambda: fn(parts, src=0, group=g),
+        "gather": lambda: fn(part, dst=0, group=g),
+    }[collective]
+
+
+def _builtin(collective: str, count: int, p: int, zeros: Callable[[int], torch.Tensor], whole: Any,
+             part: Any, parts: Any, g: ProcessGroup | None) -> Callable[[], object]:
+    """One call of torch.distributed's own collective on the buffers (with its output buffers)."""
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     out: Any = None  # the built-ins' output buffers
@@ -93,7 +104,6 @@ def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks
         out = zeros(count // p)
     elif collective == "all_to_all":
         out = [torch.empty_like(t) for t in parts]
-    g = group
     return {
         "all_reduce": lambda: dist.all_reduce(whole, group=g),
         "reduce_scatter": lambda: reduce_scatter(out, whole, group=g),
@@ -151,8 +161,7 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
     _check_counts(iters, warmup, repeats)
     torch_dtype = _DTYPES[dtype]
     itemsize = torch.tensor([], dtype=torch_dtype).element_size()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", p))
-    q = ranks_per_node or (local if local < p else p // 2 if p % 2 == 0 and p >= 4 else p)
+    q = _ranks_per_node(p, ranks_per_node)
     plan = {c: _pick(c, implementations) for c in collectives}
     rows: list[Row] = []
     if echo and me == 0:
@@ -167,13 +176,26 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
             new = [_row(collective, impl, p, count, itemsize, dtype, float(times[:, j].median()))
                    for j, impl in enumerate(plan[collective])]
             rows += new
-            if me == 0 and echo:
-                print(format_table(new, header=False), flush=True)
-            if me == 0 and progress_path:
-                with open(progress_path, "a") as f:
-                    f.write(f"{collective} {size}\n")
+            if me == 0:
+                _report(new, f"{collective} {size}", echo, progress_path)
             del calls
     return rows
+
+
+def _ranks_per_node(p: int, ranks_per_node: int | None) -> int:
+    """The node size: as given, else torchrun's LOCAL_WORLD_SIZE on several nodes, else half the ranks
+    when p is even and >= 4, else p."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", p))
+    return ranks_per_node or (local if local < p else p // 2 if p % 2 == 0 and p >= 4 else p)
+
+
+def _report(new: list[Row], done: str, echo: bool, progress_path: str | None) -> None:
+    """Rank 0, after each size: print the rows (echo) and append a line to the progress file."""
+    if echo:
+        print(format_table(new, header=False), flush=True)
+    if progress_path:
+        with open(progress_path, "a") as f:
+            f.write(f"{done}\n")
 
 
 def _time_calls(calls: list[Callable[[], object]], n_iter: int, warmup: int, repeats: int, over_ranks: str,

@@ -49,14 +49,25 @@ def apply_semantics(collective: str, buffers: Sequence[Sequence[str | Sequence[s
     A cell is a term like "A0", a sequence of terms (a sum), or None. Ranks that receive nothing
     (all but the root in gather and reduce) get []. Sums are sorted tuples, so they compare exactly.
     """
+    _check_semantics(collective, len(buffers), root)
+    bufs = [[_as_cell(c) for c in b] for b in buffers]
+    if collective in ("reduce", "all_reduce", "reduce_scatter"):
+        return _reduce(collective, bufs, root)
+    return _move(collective, bufs, root)
+
+
+def _check_semantics(collective: str, p: int, root: int) -> None:
     if collective not in COLLECTIVES:
         raise ValueError(f"collective={collective!r} is not known; choose one of {', '.join(COLLECTIVES)}")
-    p = len(buffers)
     if p == 0:
         raise ValueError("buffers=[] holds no rank; pass one buffer (a list of cells) per rank")
     if not 0 <= root < p:
         raise ValueError(f"root={root} is not one of the {p} ranks; choose a root in 0..{p - 1}")
-    bufs = [[_as_cell(c) for c in b] for b in buffers]
+
+
+def _move(collective: str, bufs: list[list[Cell]], root: int) -> list[list[Cell]]:
+    """The collectives that only move cells: broadcast, scatter, gather, all-gather, all-to-all."""
+    p = len(bufs)
     if collective == "broadcast":
         return [list(bufs[root]) for _ in range(p)]
     if collective == "scatter":
@@ -64,9 +75,13 @@ def apply_semantics(collective: str, buffers: Sequence[Sequence[str | Sequence[s
     if collective in ("gather", "all_gather"):
         joined = [c for b in bufs for c in b]
         return [list(joined) if collective == "all_gather" or r == root else [] for r in range(p)]
-    if collective == "all_to_all":
-        parts = [_split(b, p, collective) for b in bufs]
-        return [[c for j in range(p) for c in parts[j][i]] for i in range(p)]
+    parts = [_split(b, p, collective) for b in bufs]  # all_to_all
+    return [[c for j in range(p) for c in parts[j][i]] for i in range(p)]
+
+
+def _reduce(collective: str, bufs: list[list[Cell]], root: int) -> list[list[Cell]]:
+    """The collectives that add cells element by element: reduce, all-reduce, reduce-scatter."""
+    p = len(bufs)
     if len({len(b) for b in bufs}) != 1:
         raise ValueError(f"{collective} adds buffers element by element, so they must be of equal length; "
                          f"got lengths {[len(b) for b in bufs]}")
@@ -177,6 +192,22 @@ def recursive_doubling_trace(p: int) -> list[list[Cell]]:
     return states
 
 
+def _hierarchical_phases(start: list[list[Cell]], groups: list[list[int]], leaders: list[int]
+                         ) -> tuple[list[list[Cell]], list[list[Cell]], list[list[Cell]]]:
+    """Every rank's vector after each phase: reduce to the leader, all-reduce among leaders, broadcast."""
+    one = [list(v) for v in start]
+    for ranks in groups:
+        one[ranks[0]] = apply_semantics("reduce", [start[g] for g in ranks])[0]
+    two = [list(v) for v in one]
+    for g, out in zip(leaders, apply_semantics("all_reduce", [one[g] for g in leaders]), strict=True):
+        two[g] = out
+    three = [list(v) for v in two]
+    for ranks in groups:
+        for g, out in zip(ranks, apply_semantics("broadcast", [two[g] for g in ranks]), strict=True):
+            three[g] = out
+    return one, two, three
+
+
 def hierarchical_all_reduce_trace(nodes: int = 2, ranks_per_node: int = 4
                                   ) -> list[tuple[str, list[list[Cell]], list[tuple[int, int]]]]:
     """The phases of `hierarchical_all_reduce` as (title, vectors, sends), from `apply_semantics`.
@@ -192,16 +223,7 @@ def hierarchical_all_reduce_trace(nodes: int = 2, ranks_per_node: int = 4
     leaders = [g[0] for g in groups]
     tree = binomial_broadcast_steps(q)
     start = [[(letter(g),)] for g in range(p)]
-    one = [list(v) for v in start]
-    for ranks in groups:
-        one[ranks[0]] = apply_semantics("reduce", [start[g] for g in ranks])[0]
-    two = [list(v) for v in one]
-    for g, out in zip(leaders, apply_semantics("all_reduce", [one[g] for g in leaders]), strict=True):
-        two[g] = out
-    three = [list(v) for v in two]
-    for ranks in groups:
-        for g, out in zip(ranks, apply_semantics("broadcast", [two[g] for g in ranks]), strict=True):
-            three[g] = out
+    one, two, three = _hierarchical_phases(start, groups, leaders)
     up = [(ranks[d], ranks[s]) for step in reversed(tree) for s, d in step for ranks in groups]
     ring = list(zip(leaders, leaders[1:] + leaders[:1], strict=True)) if nodes > 1 else []
     down = [(ranks[s], ranks[d]) for step in tree for s, d in step for ranks in groups]

@@ -7,7 +7,7 @@ Files, in reading order:
 - `ring.py`: `ring_attention`, the forward and backward rings (Liu et al. 2023), and `RingStats`.
 - `layer.py`: the course GPT's attention on a cp group, and the GPT's loss computed with it.
 - `cost_model.py`: work, bytes and saved memory per rank, in closed form.
-- `memory.py`: the saved activations of ring attention measured with chapter 7's tools.
+- `saved_activations.py`: the saved activations of ring attention measured with chapter 7's tools.
 - `parity.py`: ring attention and the GPT against dense causal attention on the same seed.
 - `figures.py`, `exercises.py`, `__main__.py`: the lab's pictures, its checks, the command line.
 """

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 import torch
 
 from distlab import launch
+from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, add_world_size, positive_int
 from distlab.context_parallel import cost_model
 from distlab.context_parallel.layouts import LAYOUTS, check_seq_len, padded_length
 from distlab.context_parallel.parity import CPParityReport, attention_parity, reports_label
 from distlab.parity import merge
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 def _run(args: argparse.Namespace) -> list[CPParityReport]:
@@ -63,16 +62,16 @@ def parser() -> argparse.ArgumentParser:
     """The options, each with its default in the help."""
     p = argparse.ArgumentParser(prog="python -m distlab.context_parallel", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks in the cp group")
-    p.add_argument("--seq-len", type=int, default=24, help="tokens in the whole sequence")
+    add_world_size(p, 2, "ranks in the cp group")
+    p.add_argument("--seq-len", type=positive_int, default=24, help="tokens in the whole sequence")
     p.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both", help="how the sequence is split")
     p.add_argument("--pad", action="store_true", help="pad a seq-len the layout cannot split (else error)")
-    p.add_argument("--batch", type=int, default=2, help="sequences per batch")
-    p.add_argument("--heads", type=int, default=2, help="attention heads")
-    p.add_argument("--head-dim", type=int, default=8, help="width of one head")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float64", help="dtype of q, k, v")
-    p.add_argument("--seed", type=int, default=0, help="seed of q, k, v")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--batch", type=positive_int, default=2, help="sequences per batch")
+    p.add_argument("--heads", type=positive_int, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=positive_int, default=8, help="width of one head")
+    add_dtype(p, "float64", "dtype of q, k, v")
+    add_seed(p, "seed of q, k, v")
+    add_json(p)
     return p
 
 
@@ -80,9 +79,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Parse, check the values (usage errors, exit status 2), run the ranks, print the report."""
     p = parser()
     args = p.parse_args(argv)
-    for name in ("world_size", "seq_len", "batch", "heads", "head_dim"):
-        if getattr(args, name) < 1:
-            p.error(f"argument --{name.replace('_', '-')}: {getattr(args, name)} must be a positive integer")
     args.layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
     if not args.pad:
         for layout in args.layouts:

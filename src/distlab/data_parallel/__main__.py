@@ -28,7 +28,8 @@ from distlab.data_parallel.bench import (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The options, each with its default in the help."""
     parser = argparse.ArgumentParser(prog="python -m distlab.data_parallel",
                                      description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -66,14 +67,14 @@ def _under_torchrun(args: argparse.Namespace) -> list[Result]:
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:
     """Parse the options (a bad value exits with argparse's usage error), then measure and print."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     try:
         check_settings(args.strategies, args.batch, args.steps, args.rounds, args.bucket_bytes)
     except ValueError as e:
-        parser.error(str(e))
+        cli.error(str(e))
     if max(args.world_size) > 64:
-        parser.error(f"--world-size {max(args.world_size)} starts that many processes on this machine; "
+        cli.error(f"--world-size {max(args.world_size)} starts that many processes on this machine; "
                      "use at most 64 (2 to 8 on a CPU), or torchrun on a GPU node")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return launch.under_torchrun(_under_torchrun, args)

@@ -59,28 +59,41 @@ def explain(results: Sequence[Tensor], before: Sequence[Tensor], sizes: Sequence
     if not wrong:
         return []
 
-    def every(expected: Callable[[int], Tensor]) -> bool:
-        return all(_close(results[r], expected(r)) for r in range(p))
-
-    if p > 1 and every(lambda r: before[r]):
-        return ["p.grad is unchanged on every rank: the averaged values never reached the gradients. "
-                "torch.cat makes a new tensor, so after the all-reduce copy each slice of the flat buffer "
-                "back into its p.grad (p.grad.copy_(flat[offset:offset + n].view_as(p.grad)))"]
-    if every(lambda r: want * p):
-        return [f"these are the sums, not the averages: divide the flat buffer by the world size ({p}) "
-                "after the all-reduce"]
-    if p > 1 and every(lambda r: want / p):
-        return [f"the values are the average divided by {p} once more: divide by the world size only once"]
-    if p > 1 and every(lambda r: before[r] / p):
-        return [f"each rank holds its own gradient divided by {p}: the all-reduce is missing; call "
-                "dist.all_reduce(flat) before dividing"]
-    if p > 1 and (every(lambda r: before[0]) or every(lambda r: before[0] / p)):
-        return ["every rank ends with rank 0's gradient: the other ranks' gradients were never added. "
-                "dist.broadcast copies rank 0's buffer; dist.all_reduce sums over all ranks"]
+    story = _whole_bucket_mistake(results, before, want)
+    if story:
+        return [story]
     if p > 1 and 0 not in wrong:
         return [f"rank 0 holds the right average but ranks {wrong} do not: dist.reduce delivers the sum to "
                 "its destination rank only; dist.all_reduce delivers it to every rank"]
     return _placement_mistake(results, want, wrong, sizes)
+
+
+def _whole_bucket_mistake(results: Sequence[Tensor], before: Sequence[Tensor], want: Tensor) -> str | None:
+    """The mistake that explains every rank's whole bucket at once (sums, no copy back, no all-reduce,
+    a broadcast), tried in order; None if none does."""
+    p = len(results)
+    broadcast = ("every rank ends with rank 0's gradient: the other ranks' gradients were never added. "
+                 "dist.broadcast copies rank 0's buffer; dist.all_reduce sums over all ranks")
+    stories: list[tuple[bool, Callable[[int], Tensor], str]] = [
+        (p > 1, lambda r: before[r],
+         "p.grad is unchanged on every rank: the averaged values never reached the gradients. torch.cat "
+         "makes a new tensor, so after the all-reduce copy each slice of the flat buffer back into its "
+         "p.grad (p.grad.copy_(flat[offset:offset + n].view_as(p.grad)))"),
+        (True, lambda r: want * p,
+         f"these are the sums, not the averages: divide the flat buffer by the world size ({p}) after the "
+         "all-reduce"),
+        (p > 1, lambda r: want / p,
+         f"the values are the average divided by {p} once more: divide by the world size only once"),
+        (p > 1, lambda r: before[r] / p,
+         f"each rank holds its own gradient divided by {p}: the all-reduce is missing; call "
+         "dist.all_reduce(flat) before dividing"),
+        (p > 1, lambda r: before[0], broadcast),
+        (p > 1, lambda r: before[0] / p, broadcast),
+    ]
+    for applies, expected, story in stories:
+        if applies and all(_close(results[r], expected(r)) for r in range(p)):
+            return story
+    return None
 
 
 def _placement_mistake(results: Sequence[Tensor], want: Tensor, wrong: list[int],

@@ -4,10 +4,11 @@ One idea per file:
 - the specifications as data (PCIe, NVLink, NVSwitch generations, GPUs, servers, InfiniBand rates), each
   row with its source, live on the ground floor in `distlab.catalog`, because other chapters read them too.
 - `probe`: what this machine has (GPUs, interconnect matrix, PCIe links, RDMA ports, NUMA nodes);
-  `distlab doctor` uses it. Its GPU probes are in `probe_gpus`, its sysfs/procfs readers in `probe_host`.
+  `distlab doctor` uses it. A sub-package: `probe.report` puts together its GPU probes (`probe.gpus`)
+  and its sysfs/procfs readers (`probe.host`).
 - `bench`: host, host-device, device, peer-to-peer and collective bandwidth, each beside the catalog's
   figure (`python -m distlab.hardware --out FILE.json`).
-- `topology`: topologies as graphs (servers from the catalog, clusters of them); `simulate`: the
+- `topology`: topologies as graphs (servers from the catalog, clusters of them); `cost_model`: the
   predicted all-reduce time of a flat ring, a two-level ring and a tree on them; the bottleneck of a ring.
 - `exercises`: checks that diagnose unit and factor mistakes; `figures`: the book's pictures and the
   ipywidgets explorer.

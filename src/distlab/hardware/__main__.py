@@ -12,23 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from distlab.cli_types import positive_int
+from distlab.cli_types import add_world_size, positive_int, size
 from distlab.hardware import bench
 
 PROG = "python -m distlab.hardware"
-
-
-def _size(text: str) -> str:
-    if not re.fullmatch(r"\d+[KMG]?", text) or int(re.sub(r"\D", "", text)) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 64K, 4M or 1G (nccl-tests style)")
-    return text
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,9 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes", type=positive_int, default=256 << 20, help="bytes per copy")
     p.add_argument("--repeats", type=positive_int, default=5,
                    help="timed repeats per path (the median is kept)")
-    p.add_argument("--world-size", type=positive_int, default=2,
-                   help="ranks for the collective's bus bandwidth (GPUs under NCCL, else CPU processes)")
-    p.add_argument("--size", type=_size, default="64M", help="the collective's largest message, e.g. 4M")
+    add_world_size(p, 2, "ranks for the collective's bus bandwidth (GPUs under NCCL, else CPU processes)")
+    p.add_argument("--size", type=size, default="64M", help="the collective's largest message, e.g. 4M")
     return p
 
 
@@ -55,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.world_size > 64 or (args.world_size > (os.cpu_count() or 1) * 8):
         p.error(f"--world-size {args.world_size} is more ranks than this machine can start; use at most "
                 f"{min(64, (os.cpu_count() or 1) * 8)}")
-    results = bench.run_all(args.bytes, args.repeats, args.world_size, args.size)
+    results = bench.run_all(args.bytes, args.repeats, args.world_size, str(args.size))
     print(bench.format_results(results))
     words = list(argv) if argv is not None else sys.argv[1:]
     data = {"command": " ".join([PROG, *words]), "hardware": bench.hardware_info(),

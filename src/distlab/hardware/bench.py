@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 from distlab import catalog
-from distlab.hardware import probe, probe_gpus, probe_host
+from distlab.hardware import probe
+from distlab.hardware.probe import gpus as probe_gpus
+from distlab.hardware.probe import host as probe_host
 
 NO_GPU_SKIP = "skipped: no CUDA GPU visible (torch.cuda.is_available() is False)"
 GPU_TESTS = ("H2D pinned", "H2D pageable", "D2H pinned", "D2H pageable", "D2D", "P2P")

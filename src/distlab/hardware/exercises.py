@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from distlab import catalog
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
-from distlab.hardware.simulate import bottleneck, predict_all_reduce
+from distlab.hardware.cost_model import bottleneck, predict_all_reduce
 from distlab.hardware.topology import Cluster, Latencies, server_topology
 
 RTOL = 0.02  # answers within 2% count as equal (rounding of GB/s and of 2(p-1)/p by hand)

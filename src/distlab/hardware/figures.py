@@ -1,4 +1,4 @@
-"""Chapter 8's pictures, drawn from `catalog` and `simulate`, and the ipywidgets explorer.
+"""Chapter 8's pictures, drawn from `catalog` and `cost_model`, and the ipywidgets explorer.
 
 Every function returns a matplotlib Figure, closed in pyplot (a notebook shows it once, ``savefig`` still
 works). Nothing is measured here: the bandwidth chart plots catalog rows, the all-reduce charts plot the
@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from distlab import catalog
 from distlab.explorers import explorer_box, message_figure
-from distlab.hardware import simulate, topology
+from distlab.hardware import cost_model, topology
 from distlab.style import OKABE_ITO, done
 
 ALGO_STYLE = {"flat_ring": (OKABE_ITO[5], "flat ring"), "two_level_ring": (OKABE_ITO[4], "two-level ring"),
@@ -35,7 +35,7 @@ def cube_mesh_figure(orders: Sequence[Sequence[int]] = ((0, 1, 2, 3, 4, 5, 6, 7)
     per_link = catalog.lookup("nvlink", catalog.lookup("gpu", gpu).nvlink).link_GBps_per_direction
     fig, axes = plt.subplots(1, len(orders), figsize=(5.5 * len(orders), 5), squeeze=False)
     for ax, order in zip(axes[0], orders, strict=True):
-        hops = simulate.ring_hops(topo, [[f"gpu{i}" for i in order]])[0]
+        hops = cost_model.ring_hops(topo, [[f"gpu{i}" for i in order]])[0]
         slow = min(h.GBps for h in hops)
         for (i, j), count in topology.DGX1_NVLINKS.items():
             (x0, y0), (x1, y1) = CUBE_XY[i], CUBE_XY[j]
@@ -69,7 +69,7 @@ def all_reduce_vs_size_figure(server: str = "DGX A100", nodes: int = 4, sizes: S
     sizes = np.asarray(sizes, dtype=float)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for algo, (colour, label) in ALGO_STYLE.items():
-        ax.loglog(sizes, simulate.predict_all_reduce(cluster, sizes, algo) * 1e3, color=colour, label=label)
+        ax.loglog(sizes, cost_model.predict_all_reduce(cluster, sizes, algo) * 1e3, color=colour, label=label)
     if mark is not None:
         ax.axvline(mark, color="0.5", ls=":", lw=1)
     ax.set_xlabel("message size n (bytes)")
@@ -84,7 +84,7 @@ def all_reduce_vs_size_figure(server: str = "DGX A100", nodes: int = 4, sizes: S
 def all_reduce_vs_nodes_figure(server: str = "DGX A100", nbytes: float = 2**28,
                                nodes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> Figure:
     """Predicted all-reduce time of `nbytes` against the number of servers, for the three algorithms."""
-    times = {a: [float(simulate.predict_all_reduce(topology.Cluster(server, k), nbytes, a)) for k in nodes]
+    times = {a: [float(cost_model.predict_all_reduce(topology.Cluster(server, k), nbytes, a)) for k in nodes]
              for a in ALGO_STYLE}
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for algo, (colour, label) in ALGO_STYLE.items():
@@ -123,9 +123,9 @@ def explorer_frame(server: str = "DGX A100", nodes: int = 4, log2n: int = 26) ->
     2**log2n bytes marked, then each algorithm's predicted time there and the flat ring's slowest hop."""
     cluster = topology.Cluster(server, nodes)
     n = 2.0 ** log2n
-    lines = [f"{label:<38} {float(simulate.predict_all_reduce(cluster, n, algo)) * 1e3:10.3f} ms"
+    lines = [f"{label:<38} {float(cost_model.predict_all_reduce(cluster, n, algo)) * 1e3:10.3f} ms"
              for algo, (_, label) in ALGO_STYLE.items()]
-    hop = simulate.bottleneck(cluster.topology, cluster.flat_ring())
+    hop = cost_model.bottleneck(cluster.topology, cluster.flat_ring())
     lines.append(f"flat ring's slowest hop: {hop.src} -> {hop.dst}, {hop.GBps:g} GB/s per direction "
                  f"({hop.bottleneck.kind})")
     return [all_reduce_vs_size_figure(server, nodes, mark=n),

@@ -4,7 +4,7 @@ A `Topology` is an undirected graph whose every `Link` is full duplex, with a ba
 (GB/s, from `catalog`) and a latency (seconds, an assumption: see `Latencies`); `Topology.path` finds the
 route between two devices. `server_topology` draws one DGX-1 (hybrid cube-mesh, `DGX1_NVLINKS`), DGX A100
 or DGX H100 (NVSwitch), and a `Cluster` joins N of them through a non-blocking fat tree. What an
-all-reduce costs on such a graph is `simulate.py`.
+all-reduce costs on such a graph is `cost_model.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ One idea per file:
 - `cost_model`: parameters against FLOPs per token, and the all-to-alls' predicted bytes and time.
 - `parity`: parity of the parallel layer with the reference, run on every rank, and its verdict.
 - `traffic`: the bytes the all-to-alls carry in a few training steps, measured from the split sizes.
-- `explore`: skewed synthetic tokens, drop rate against capacity, a short training run with and
+- `load_balance`: skewed synthetic tokens, drop rate against capacity, a short training run with and
   without the balancing loss; `figures`: the pictures and the explorer drawn from them.
 - `exercises`: the checks of the lab's exercises. `python -m distlab.moe` runs the parity check and
   reports the all-to-all traffic, on this machine or under torchrun.

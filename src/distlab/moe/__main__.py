@@ -17,16 +17,13 @@ import math
 import os
 from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
 
 from distlab import launch
-from distlab.cli_types import positive_int
+from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, add_steps, positive_int
 from distlab.moe.gating import check_moe_config
 from distlab.moe.parity import ParityCase, expert_parallel_parity
 from distlab.moe.traffic import measure_traffic
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def collect(args: argparse.Namespace) -> dict:
@@ -73,17 +70,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=positive_int, nargs="+", default=[2], metavar="N",
                    help="expert-parallel sizes to run, one launch each (ignored under torchrun); each must "
                         "divide --experts")
-    p.add_argument("--experts", type=int, default=8, help="experts E")
-    p.add_argument("--k", type=int, default=2, help="experts per token")
+    p.add_argument("--experts", type=positive_int, default=8, help="experts E")
+    p.add_argument("--k", type=positive_int, default=2, help="experts per token")
     p.add_argument("--capacity-factor", type=float, default=1.25, help="capacity over the even share")
     p.add_argument("--tokens", type=positive_int, default=256, help="tokens per rank in the traffic run")
     p.add_argument("--d-model", type=positive_int, default=64,
                    help="token width (the experts' hidden is twice it)")
     p.add_argument("--skew", type=float, default=0.0, help="strength of the direction all tokens share")
-    p.add_argument("--steps", type=positive_int, default=3, help="training steps in the traffic run")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="dtype of the traffic run")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the tokens")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_steps(p, 3, "training steps in the traffic run")
+    add_dtype(p, "float32", "dtype of the traffic run")
+    add_seed(p, "seed of the weights and the tokens")
+    add_json(p)
     return p
 
 

@@ -16,7 +16,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from distlab.explorers import explorer_box
-from distlab.moe.explore import BalanceHistory, drop_rate_curve, routing_counts, send_matrix, train_balance
+from distlab.moe.load_balance import (
+    BalanceHistory,
+    drop_rate_curve,
+    routing_counts,
+    send_matrix,
+    train_balance,
+)
 from distlab.style import BLUE, GREEN, GREY, LINES, RC, VERMILION, done
 
 if TYPE_CHECKING:

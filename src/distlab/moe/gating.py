@@ -33,16 +33,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def _whole(value: object) -> bool:
+    """A positive int (bools are ints in Python, and not counts)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def check_moe_config(num_experts: int, k: int, capacity_factor: float, world_size: int = 1, *,
                      d_model: int = 1, d_hidden: int = 1) -> None:
     """Validate the layer's shape at the boundary; raise a ValueError that names the value and the fix."""
     for name, value in (("d_model", d_model), ("d_hidden", d_hidden)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _whole(value):
             raise ValueError(f"{name}={value!r} must be a positive integer (a width of the experts), "
                              f"e.g. {name}=64")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+    if not _whole(num_experts):
         raise ValueError(f"num_experts={num_experts!r} must be a positive integer, e.g. num_experts=8")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if not _whole(k):
         raise ValueError(f"k={k!r} must be a positive integer (experts per token), e.g. k=1 or k=2")
     if k > num_experts:
         raise ValueError(f"k={k} is larger than num_experts={num_experts}: a token cannot pick more experts "
@@ -51,16 +56,20 @@ def check_moe_config(num_experts: int, k: int, capacity_factor: float, world_siz
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive number; 1.0 gives every "
                          "expert exactly its even share, 1.25 (Switch's default) leaves 25% slack")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not _whole(world_size):
         raise ValueError(f"world_size={world_size!r} must be a positive integer (ranks in the "
                          "expert-parallel group)")
     if num_experts % world_size:
-        lower = num_experts // world_size * world_size
-        near = " or ".join(str(n) for n in (lower, lower + world_size) if n > 0)
-        divisors = [d for d in range(1, num_experts + 1) if num_experts % d == 0]
-        raise ValueError(f"num_experts={num_experts} is not divisible by world_size={world_size}: expert "
-                         f"parallelism gives every rank the same number of experts; choose num_experts a "
-                         f"multiple of {world_size} (e.g. {near}) or a world size in {divisors}")
+        _experts_do_not_divide(num_experts, world_size)
+
+
+def _experts_do_not_divide(num_experts: int, world_size: int) -> None:
+    lower = num_experts // world_size * world_size
+    near = " or ".join(str(n) for n in (lower, lower + world_size) if n > 0)
+    divisors = [d for d in range(1, num_experts + 1) if num_experts % d == 0]
+    raise ValueError(f"num_experts={num_experts} is not divisible by world_size={world_size}: expert "
+                     f"parallelism gives every rank the same number of experts; choose num_experts a "
+                     f"multiple of {world_size} (e.g. {near}) or a world size in {divisors}")
 
 
 def check_tokens(x: Tensor, weight: Tensor) -> None:

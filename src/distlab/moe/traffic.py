@@ -21,7 +21,7 @@ import torch.distributed as dist
 from distlab.mesh import group_rank, group_size
 from distlab.moe.cost_model import predict_all_to_all
 from distlab.moe.expert_parallel import ExpertParallelMoE
-from distlab.moe.explore import skewed_tokens
+from distlab.moe.load_balance import skewed_tokens
 
 
 @dataclass

@@ -15,17 +15,14 @@ import argparse
 import json
 from collections.abc import Sequence
 
-import torch
-
 from distlab import launch
+from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, add_steps, add_world_size, positive_int
 from distlab.mesh import grid
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import SCHEDULES_3D, ZERO_STAGES_3D, Plan3D, check_plan
 from distlab.parallel3d.cost_model import bytes_by_dim, predicted_traffic
 from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, make_batches, train_3d
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 def _config(args: argparse.Namespace) -> GPTConfig:
@@ -74,24 +71,25 @@ def parser() -> argparse.ArgumentParser:
     """The options, each with its default in the help."""
     p = argparse.ArgumentParser(prog="python -m distlab.parallel3d", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dp", type=int, default=2, help="data-parallel replicas")
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per layer")
-    p.add_argument("--world-size", type=int, default=None, help="if given, must equal dp x pp x tp")
-    p.add_argument("--micro-batches", type=int, default=2, help="micro-batches m per step and replica")
+    p.add_argument("--dp", type=positive_int, default=2, help="data-parallel replicas")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per layer")
+    add_world_size(p, None, "if given, must equal dp x pp x tp")
+    p.add_argument("--micro-batches", type=positive_int, default=2,
+                   help="micro-batches m per step and replica")
     p.add_argument("--schedule", choices=SCHEDULES_3D, default="1f1b", help="pipeline schedule")
     p.add_argument("--zero-stage", type=int, choices=ZERO_STAGES_3D, default=1, help="ZeRO stage over dp")
     p.add_argument("--sequence-parallel", action="store_true", help="split the sequence outside tp regions")
-    p.add_argument("--steps", type=int, default=3, help="training steps")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (the global batch)")
-    p.add_argument("--seq", type=int, default=12, help="tokens per sequence (also the block size)")
-    p.add_argument("--hidden", type=int, default=24, help="hidden size n_embd")
-    p.add_argument("--heads", type=int, default=12, help="attention heads n_head")
-    p.add_argument("--layers", type=int, default=4, help="transformer blocks n_layer")
-    p.add_argument("--vocab", type=int, default=24, help="vocabulary size")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float64", help="dtype of both runs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_steps(p, 3, "training steps")
+    p.add_argument("--batch", type=positive_int, default=8, help="sequences per step (the global batch)")
+    p.add_argument("--seq", type=positive_int, default=12, help="tokens per sequence (also the block size)")
+    p.add_argument("--hidden", type=positive_int, default=24, help="hidden size n_embd")
+    p.add_argument("--heads", type=positive_int, default=12, help="attention heads n_head")
+    p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks n_layer")
+    p.add_argument("--vocab", type=positive_int, default=24, help="vocabulary size")
+    add_dtype(p, "float64", "dtype of both runs")
+    add_seed(p, "seed of the weights and the batches")
+    add_json(p)
     return p
 
 
@@ -99,10 +97,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Parse, check every value before starting a rank (usage errors, exit status 2), run, report."""
     p = parser()
     args = p.parse_args(argv)
-    for name in ("dp", "pp", "tp", "micro_batches", "steps", "batch", "seq", "hidden", "heads", "layers",
-                 "vocab"):
-        if getattr(args, name) < 1:
-            p.error(f"argument --{name.replace('_', '-')}: {getattr(args, name)} must be a positive integer")
     if args.hidden % args.heads:
         p.error(f"argument --hidden: {args.hidden} is not divisible by --heads {args.heads}")
     try:

@@ -76,6 +76,13 @@ def _check_shape(batch: int, seq: int) -> None:
 def check_plan(plan: Plan3D, config: GPTConfig, batch: int, seq: int, world_size: int | None = None) -> None:
     """Raise a ValueError naming the first thing in `plan` that does not fit the model, the batch of
     `batch` sequences of `seq` tokens, or the world of `world_size` ranks."""
+    _check_grid(plan, world_size)
+    _check_model(plan, config)
+    _check_batch(plan, config, batch, seq)
+
+
+def _check_grid(plan: Plan3D, world_size: int | None) -> None:
+    """The sizes, the world, the schedule and the ZeRO stage."""
     for name in ("dp", "pp", "tp", "m"):
         _positive(name, getattr(plan, name))
     if world_size is not None and plan.world_size != world_size:
@@ -89,6 +96,10 @@ def check_plan(plan: Plan3D, config: GPTConfig, batch: int, seq: int, world_size
         raise ValueError(f"zero_stage={plan.zero_stage!r} is not supported with a pipeline; choose "
                          "0, 1 or 2 (stage 3 would gather every layer 2m times per step: "
                          "see distlab.parallel3d.config)")
+
+
+def _check_model(plan: Plan3D, config: GPTConfig) -> None:
+    """The model splits into pp stages and tp shards, and computes what one process computes."""
     block_ranges(config.n_layer, plan.pp)
     for name, value in (("n_head", config.n_head), ("vocab_size", config.vocab_size),
                         ("n_embd", config.n_embd)):
@@ -98,6 +109,10 @@ def check_plan(plan: Plan3D, config: GPTConfig, batch: int, seq: int, world_size
     if config.dropout:
         raise ValueError(f"dropout={config.dropout}: the ranks would draw different masks than one process; "
                          "use dropout=0.0")
+
+
+def _check_batch(plan: Plan3D, config: GPTConfig, batch: int, seq: int) -> None:
+    """The batch splits over dp replicas and m micro-batches, and the sequence fits (and splits over tp)."""
     _check_shape(batch, seq)
     if batch % plan.dp:
         raise ValueError(f"batch={batch} sequences is not divisible by dp={plan.dp}; every replica takes "

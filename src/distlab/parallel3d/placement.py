@@ -12,7 +12,7 @@ spreads every tp group over servers: the wrong placement.
 
 `predict_placement` prices one step with chapter 8's topology (`distlab.hardware.topology.Cluster`,
 links with bandwidth per direction from `distlab.catalog`) and its ring model
-(`distlab.hardware.simulate.ring_hops`): all groups of a dim run their rings at once, so hops that cross
+(`distlab.hardware.cost_model.ring_hops`): all groups of a dim run their rings at once, so hops that cross
 the same link share it. Each dim's calls then take, from `cost_model.predicted_traffic`,
 
     t_dim = (ring steps) x alpha + (bytes sent) / bandwidth,
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.hardware.simulate import ring_hops
+from distlab.hardware.cost_model import ring_hops
 from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.models import GPTConfig

@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from distlab.cli_types import add_seed, add_steps, add_world_size, positive_int
+
 WHY_MEASURED_IS_LARGER = {
     "gloo": "Why the measured bubble is larger: the formula counts only the pipeline's fill and drain, "
             "while here the ranks share the CPU's cores and the operating system decides which one runs, "
@@ -62,22 +64,22 @@ def _formula(schedule: str, p: int, m: int, v: int, bubble_fraction, zero_bubble
         return str(e)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The options, each with its default in the help."""
     parser = argparse.ArgumentParser(prog="python -m distlab.pipeline", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--schedule", default="1f1b",
                         choices=["naive", "gpipe", "1f1b", "interleaved", "zbh1", "zbv"],
                         help="the pipeline schedule")
     parser.add_argument("-m", type=int, default=8, help="microbatches (naive: 1)")
-    parser.add_argument("-v", type=int, default=1,
+    parser.add_argument("-v", type=positive_int, default=1,
                         help="model chunks per rank (interleaved; zbv needs 2, taken when -v is left at 1)")
     parser.add_argument("--sizes", default="64,256,256,256,256,256,256,256,256,8",
                         help="the MLP's widths, comma-separated, input first")
     parser.add_argument("--batch", type=int, default=64, help="batch size (a multiple of -m)")
-    parser.add_argument("--steps", type=int, default=2, help="training steps to run; the last is timed")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights and the data")
-    parser.add_argument("--world-size", type=int, default=2,
-                        help="ranks to start on this machine (ignored under torchrun, which sets the world)")
+    add_steps(parser, 2, "training steps to run; the last is timed")
+    add_seed(parser, "seed of the model's weights and the data")
+    add_world_size(parser, 2, "ranks to start on this machine (ignored under torchrun, which sets the world)")
     return parser
 
 
@@ -115,13 +117,13 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, p: int) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; see the module docstring. Returns 0 when the step equals single-process training."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     if args.schedule == "zbv" and args.v == 1:  # ZB-V is defined with two chunks per rank (Qi et al. 2024)
         args.v = 2
     under_torchrun = "RANK" in os.environ
     p = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.world_size
-    sizes = _check(parser, args, p)
+    sizes = _check(cli, args, p)
     work = (args.schedule, args.m, args.v, sizes, args.batch, args.steps, args.seed)
     from distlab import launch
 

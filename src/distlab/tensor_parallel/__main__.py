@@ -19,13 +19,11 @@ from collections.abc import Sequence
 import torch
 
 from distlab import launch
-from distlab.cli_types import positive_int
+from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, positive_int
 from distlab.models import GPTConfig
 from distlab.tensor_parallel import cost_model
 from distlab.tensor_parallel.model import check_config
 from distlab.tensor_parallel.parity import TPParityReport, compare_with_dense
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def _config(args: argparse.Namespace) -> GPTConfig:
@@ -75,9 +73,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=positive_int, default=12, help="attention heads n_head")
     p.add_argument("--layers", type=positive_int, default=2, help="transformer layers n_layer")
     p.add_argument("--vocab", type=positive_int, default=24, help="vocabulary size")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float64", help="dtype of both models")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_dtype(p, "float64", "dtype of both models")
+    add_seed(p, "seed of the weights and the batch")
+    add_json(p)
     return p
 
 

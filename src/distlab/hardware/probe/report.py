@@ -3,8 +3,8 @@
 Every probe is guarded: a laptop with no GPU, no nvidia-smi, no InfiniBand and no /sys still gets a full
 `Probe`, which says plainly what is absent. The file-system roots (`sys_root`, `proc_root`), the
 nvidia-smi runner (`smi`) and the NVML module (`nvml`) are parameters, so tests feed fake trees and fake
-command output. `distlab doctor` reads the same functions. The GPU probes live in `probe_gpus.py`,
-the sysfs and procfs readers in `probe_host.py` (import their names from there); this file puts them
+command output. `distlab doctor` reads the same functions. The GPU probes live in `gpus.py`,
+the sysfs and procfs readers in `host.py` (import their names from there); this file puts them
 together.
 
 Sources of each fact, in the order tried:
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from distlab.hardware.probe_gpus import (
+from distlab.hardware.probe.gpus import (
     NO_GPU_PROBE,
     GPUInfo,
     SmiRunner,
@@ -33,7 +33,7 @@ from distlab.hardware.probe_gpus import (
     run_nvidia_smi,
     smi_gpus,
 )
-from distlab.hardware.probe_host import (
+from distlab.hardware.probe.host import (
     IBDevice,
     NumaNode,
     PCIeLink,
@@ -89,20 +89,30 @@ def probe(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc", smi: S
 
 def render(p: Probe) -> str:
     """Plain-text view of a probe, one section per topic."""
+    lines = _gpu_lines(p) + _link_lines(p) + _numa_lines(p)
+    if p.memory:
+        lines.append(f"Memory: {p.memory.get('MemTotal', 0):.1f} GiB total")
+    return "\n".join(lines)
+
+
+def _gpu_lines(p: Probe) -> list[str]:
     lines = ["GPUs" + (f" (from {p.gpu_source}; driver {p.driver or '?'}):" if p.gpus else ":")]
     lines += [f"  GPU{g.index}: {g.name}" + (f", {g.nvlinks_active} NVLink(s) active"
                                               if g.nvlinks_active is not None else "") for g in p.gpus]
-    if not p.gpus:
-        lines.append("  " + NO_GPU_PROBE)
-    lines.append("PCIe links of NVIDIA devices (sysfs):")
+    return lines if p.gpus else [*lines, "  " + NO_GPU_PROBE]
+
+
+def _link_lines(p: Probe) -> list[str]:
+    lines = ["PCIe links of NVIDIA devices (sysfs):"]
     lines += [f"  {k.address}: {k.speed_gt_s or '?'} GT/s x{k.width or '?'} ({k.generation or 'unknown'}; "
               f"max {k.max_speed_gt_s or '?'} GT/s x{k.max_width or '?'})" for k in p.pcie] or ["  none"]
     lines.append("InfiniBand / RoCE ports (sysfs):")
     lines += [f"  {d.name} port {q.port}: {q.state}, {q.rate}, {q.link_layer}" for d in p.infiniband
               for q in d.ports] or ["  none (multi-node traffic would use TCP sockets)"]
-    lines.append("NUMA nodes:")
-    lines += [f"  node{n.node}: CPUs {n.cpus}" + (f", {n.memory_gib:.1f} GiB" if n.memory_gib else "")
-              for n in p.numa] or ["  none reported"]
-    if p.memory:
-        lines.append(f"Memory: {p.memory.get('MemTotal', 0):.1f} GiB total")
-    return "\n".join(lines)
+    return lines
+
+
+def _numa_lines(p: Probe) -> list[str]:
+    nodes = [f"  node{n.node}: CPUs {n.cpus}" + (f", {n.memory_gib:.1f} GiB" if n.memory_gib else "")
+             for n in p.numa]
+    return ["NUMA nodes:", *(nodes or ["  none reported"])]

@@ -50,14 +50,17 @@ def parse_topology(text: str) -> dict[tuple[str, str], str]:
     header = [h for h in re.split(r"\t+|\s{2,}", lines[0].strip()) if h]
     devices = [h for h in header if re.fullmatch(r"(GPU|NIC|mlx)\S*", h)]
     out = {}
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
-        cells = [c for c in cells if c != ""]
-        if not cells or cells[0] not in devices:
-            continue
-        for col, label in zip(devices, cells[1:1 + len(devices)], strict=False):
-            out[(cells[0], col)] = label
+    for cells in map(_cells, lines[1:]):
+        if cells and cells[0] in devices:
+            out.update({(cells[0], col): label
+                        for col, label in zip(devices, cells[1:1 + len(devices)], strict=False)})
     return out
+
+
+def _cells(line: str) -> list[str]:
+    """One row of the matrix: tab-separated when nvidia-smi wrote tabs, else split on spaces."""
+    cells = [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
+    return [c for c in cells if c != ""]
 
 
 def nvlinks_between(topology: dict[tuple[str, str], str], a: str, b: str) -> int:

@@ -127,15 +127,26 @@ def predict_all_reduce(cluster: Cluster, nbytes: ArrayLike, algorithm: str = "tw
     n, topo, m, big_n = _nbytes(nbytes), cluster.topology, cluster.gpus_per_node, cluster.nodes
     if algorithm == "flat_ring":
         return ring_all_reduce_time(topo, cluster.flat_ring(), n)
-    intra = ring_hops(topo, [[cluster.gpu(k, j) for j in cluster.intra_order] for k in range(big_n)])
-    intra_hops = [h for ring in intra for h in ring]
-    across = [[cluster.gpu(k, j) for k in range(big_n)] for j in range(m)]
-    inter = ring_hops(topo, across) if big_n > 1 else []
-    inter_hops = [h for ring in inter for h in ring]
+    intra_hops, inter_hops = _two_level_hops(cluster)
     if algorithm == "two_level_ring":
         # reduce-scatter + all-gather inside the servers = a ring all-reduce of n bytes on m GPUs; across
         # servers, m rings at once, each a ring all-reduce of n/m bytes on N GPUs.
         return _ring(intra_hops, n, m) + _ring(inter_hops, n / m, big_n)
+    return _tree(intra_hops, inter_hops, n, m, big_n)
+
+
+def _two_level_hops(cluster: Cluster) -> tuple[list, list]:
+    """The hops of the rings inside every server, and of the m rings across servers (one per local GPU)."""
+    topo, m, big_n = cluster.topology, cluster.gpus_per_node, cluster.nodes
+    intra = ring_hops(topo, [[cluster.gpu(k, j) for j in cluster.intra_order] for k in range(big_n)])
+    across = [[cluster.gpu(k, j) for k in range(big_n)] for j in range(m)]
+    inter = ring_hops(topo, across) if big_n > 1 else []
+    return [h for ring in intra for h in ring], [h for ring in inter for h in ring]
+
+
+def _tree(intra_hops: list, inter_hops: list, n: NDArray[np.float64], m: int, big_n: int
+          ) -> NDArray[np.float64]:
+    """A chain inside each server, then a tree of depth ceil(log2 N) across servers, reduce and broadcast."""
     chain = (m - 1) * max(h.latency for h in intra_hops) + n / (min(h.GBps for h in intra_hops) * 1e9) \
         if m > 1 else 0 * n
     if big_n == 1:

@@ -42,6 +42,31 @@ class Deadlock(RuntimeError):
     """Every live worker waits for admission and none computes: the rule never lets anyone go on."""
 
 
+def _threshold(mode: str, step_times: Sequence[float], staleness: int | float) -> int | float:
+    """The SSP threshold of `mode` (0 sync, `staleness` ssp, infinity async), after checking the run."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
+    if not step_times or any(t <= 0 for t in step_times):
+        raise ValueError(f"step_times={list(step_times)} must hold one positive time per worker")
+    return {"sync": 0, "ssp": check_staleness(staleness), "async": math.inf}[mode]
+
+
+def _land(mode: str, W: int, out: list[Step], pending: list, version: int,
+          gradient: tuple[int, int, float, int], now: float) -> int:
+    """A gradient reaches the server at `now`: applied at once (ssp, async), or with the round's others
+    once all W are in (sync). Appends the applied Steps to `out`; returns the new version."""
+    w, clock, start, read = gradient
+    if mode != "sync":
+        out.append(Step(w + 1, clock, start, now, read, version))
+        return version + 1
+    pending.append(gradient)
+    if len(pending) < W:
+        return version
+    out += [Step(u + 1, c, s, now, r, version) for u, c, s, r in pending]
+    pending.clear()
+    return version + 1
+
+
 def simulate(mode: str, step_times: Sequence[float], steps: int, staleness: int | float = math.inf,
              rule: Rule = may_start) -> list[Step]:
     """Every gradient of a run (Step records, by end time), stopped as the real server stops: sync after
@@ -49,11 +74,7 @@ def simulate(mode: str, step_times: Sequence[float], steps: int, staleness: int 
 
     `rule(clock, clocks, threshold)` decides admission (default: SSP's `may_start`), with threshold 0
     for sync, `staleness` for ssp, and infinity for async."""
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
-    if not step_times or any(t <= 0 for t in step_times):
-        raise ValueError(f"step_times={list(step_times)} must hold one positive time per worker")
-    threshold = {"sync": 0, "ssp": check_staleness(staleness), "async": math.inf}[mode]
+    threshold = _threshold(mode, step_times, staleness)
     W = len(step_times)
     clocks = [0] * W
     version, out, pending, budget = 0, [], [], steps * W
@@ -75,13 +96,5 @@ def simulate(mode: str, step_times: Sequence[float], steps: int, staleness: int 
             return out
         now, w, clock, start, read = heapq.heappop(running)
         clocks[w] += 1
-        if mode == "sync":
-            pending.append((w, clock, start, read))
-            if len(pending) == W:
-                out += [Step(u + 1, c, s, now, r, version) for u, c, s, r in pending]
-                pending.clear()
-                version += 1
-        else:
-            out.append(Step(w + 1, clock, start, now, read, version))
-            version += 1
+        version = _land(mode, W, out, pending, version, (w, clock, start, read), now)
         waiting.append(w)
