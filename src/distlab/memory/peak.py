@@ -129,16 +129,16 @@ def _layernorm(tl: Timeline, name: str, sh: _Shape, kind: str) -> None:
     tl.alloc(f"{name}.rstd", sh.n * sh.e, kind)
 
 
-def _block_forward(tl: Timeline, l: int, sh: _Shape, option: str, kind: str = "activations") -> None:
-    """Block l's forward as `recompute.block_forward` runs it; x{l} is alive, x{l+1} is left alive.
+def _block_forward(tl: Timeline, i: int, sh: _Shape, option: str, kind: str = "activations") -> None:
+    """Block i's forward as `recompute.block_forward` runs it; x{i} is alive, x{i+1} is left alive.
 
     `option` "none" keeps every saved tensor; "core" (selective) drops the attention kernel's
     log-sum-exp; "block" (full) keeps nothing but the input, so every tensor is freed after its last use
     in forward. `kind` is what the kept tensors count as ("recomputed" when backward rebuilds them).
     """
     keep = option != "block"
-    p, nh = f"L{l}.", sh.nh
-    tl.where = f"layer {l} forward"
+    p, nh = f"L{i}.", sh.nh
+    tl.where = f"layer {i} forward"
     _layernorm(tl, p + "ln1", sh, kind)
     if not keep:
         tl.free(p + "ln1.mean", p + "ln1.rstd")
@@ -162,18 +162,18 @@ def _block_forward(tl: Timeline, l: int, sh: _Shape, option: str, kind: str = "a
     tl.alloc(p + "mlp_proj", nh)
     if not keep:
         tl.free(p + "gelu", p + "ln2.out")
-    tl.alloc(f"x{l + 1}", nh, "activations")  # the next block's (or the final LayerNorm's) input
+    tl.alloc(f"x{i + 1}", nh, "activations")  # the next block's (or the final LayerNorm's) input
     tl.free(p + "mlp_proj")
     if not keep:
         tl.free(p + "x1")
 
 
-def _recompute_block(tl: Timeline, l: int, sh: _Shape) -> None:
-    """Full recomputation rebuilds block l's saved tensors before its backward. PyTorch's non-reentrant
+def _recompute_block(tl: Timeline, i: int, sh: _Shape) -> None:
+    """Full recomputation rebuilds block i's saved tensors before its backward. PyTorch's non-reentrant
     checkpoint stops once it has every tensor backward needs, so the last matmul and the residual add
     are not run again."""
-    p, nh, kind = f"L{l}.", sh.nh, "recomputed"
-    tl.where = f"layer {l} recomputation"
+    p, nh, kind = f"L{i}.", sh.nh, "recomputed"
+    tl.where = f"layer {i} recomputation"
     _layernorm(tl, p + "ln1", sh, kind)
     tl.alloc(p + "qkv", 3 * nh, kind)
     tl.alloc(p + "attn", nh, kind)
@@ -193,8 +193,8 @@ def _forward(tl: Timeline, sh: _Shape, plan: list[str]) -> None:
     tl.alloc("pos_emb", sh.s * sh.h * sh.e)
     tl.alloc("x0", sh.nh, "activations")
     tl.free("tok_emb", "pos_emb")
-    for l, option in enumerate(plan):
-        _block_forward(tl, l, sh, option)
+    for i, option in enumerate(plan):
+        _block_forward(tl, i, sh, option)
     tl.where = "head forward"
     _layernorm(tl, "lnf", sh, "activations")
     tl.alloc("logits", sh.n * sh.v * sh.e)
@@ -224,13 +224,13 @@ def _layernorm_backward(tl: Timeline, name: str, sh: _Shape, grad_out: str, save
     tl.free(grad_out, saved_input, f"{name}.mean", f"{name}.rstd")
 
 
-def _block_backward(tl: Timeline, l: int, sh: _Shape, option: str) -> None:
-    """Block l's backward, in autograd's order; d.x{l+1} (the residual stream's gradient) comes in,
-    d.x{l} goes out. Each saved tensor is freed once the last op that needs it has run."""
-    p, nh, h = f"L{l}.", sh.nh, sh.h
+def _block_backward(tl: Timeline, i: int, sh: _Shape, option: str) -> None:
+    """Block i's backward, in autograd's order; d.x{i+1} (the residual stream's gradient) comes in,
+    d.x{i} goes out. Each saved tensor is freed once the last op that needs it has run."""
+    p, nh, h = f"L{i}.", sh.nh, sh.h
     if option == "block":
-        _recompute_block(tl, l, sh)
-    tl.where = f"layer {l} backward (MLP)"
+        _recompute_block(tl, i, sh)
+    tl.where = f"layer {i} backward (MLP)"
     _linear_backward(tl, p + "mlp.c_proj", 4 * nh, 4 * h * h, h, sh)
     tl.free(p + "gelu")
     tl.alloc(p + "d.fc", 4 * nh)  # GELU's backward
@@ -239,8 +239,8 @@ def _block_backward(tl: Timeline, l: int, sh: _Shape, option: str) -> None:
     tl.free(p + "d.fc", p + "ln2.out")
     _layernorm_backward(tl, p + "ln2", sh, f"d.{p}mlp.c_fc.in", p + "x1")
     tl.alloc(f"d.{p}x1", nh)  # the residual add: the two gradients of x1 summed
-    tl.free(f"d.x{l + 1}", f"d.{p}ln2.in")
-    tl.where = f"layer {l} backward (attention)"
+    tl.free(f"d.x{i + 1}", f"d.{p}ln2.in")
+    tl.where = f"layer {i} backward (attention)"
     _linear_backward(tl, p + "attn.c_proj", nh, h * h, h, sh)
     if option == "core":  # selective recomputation reruns the attention kernel here
         tl.alloc(p + "attn.again", nh, "recomputed")
@@ -253,8 +253,8 @@ def _block_backward(tl: Timeline, l: int, sh: _Shape, option: str) -> None:
     tl.free(p + "d.q", p + "d.k", p + "d.v")
     _linear_backward(tl, p + "attn.c_attn", nh, 3 * h * h, 3 * h, sh)
     tl.free(p + "d.qkv", p + "ln1.out")
-    _layernorm_backward(tl, p + "ln1", sh, f"d.{p}attn.c_attn.in", f"x{l}")
-    tl.alloc(f"d.x{l}", nh)
+    _layernorm_backward(tl, p + "ln1", sh, f"d.{p}attn.c_attn.in", f"x{i}")
+    tl.alloc(f"d.x{i}", nh)
     tl.free(f"d.{p}x1", f"d.{p}ln1.in")
 
 
@@ -271,8 +271,8 @@ def _backward(tl: Timeline, sh: _Shape, plan: list[str]) -> None:
     _layernorm_backward(tl, "lnf", sh, "d.lnf.out", f"x{len(plan)}")
     tl.alloc(f"d.x{len(plan)}", sh.nh)
     tl.free("d.lnf.in")
-    for l in reversed(range(len(plan))):
-        _block_backward(tl, l, sh, plan[l])
+    for i in reversed(range(len(plan))):
+        _block_backward(tl, i, sh, plan[i])
     tl.where = "embedding backward"
     tl.alloc("d.pos_emb.sum", sh.s * sh.h * sh.e)
     tl.alloc("g.wpe", sh.s * sh.h * sh.e, "grads")
@@ -365,4 +365,3 @@ def peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = True) -> P
         _master_step(tl, sizes)
     total = estimator.estimate(c).total_bytes
     return PeakPrediction(tl.peak, tl.peak_phase, tl.peak_where, tl.parts(), total)
-
