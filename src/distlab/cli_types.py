@@ -48,3 +48,22 @@ def at_least(low: float, kind: type = int) -> Callable[[str], int | float]:
 def positive_int(text: str) -> int:
     """An argparse `type=`: a whole number of at least 1 (ranks, steps, rounds, bytes)."""
     return at_least(1)(text)
+
+
+def between(low: float, high: float, kind: type = int, why: str = "") -> Callable[[str], int | float]:
+    """An argparse `type=` that reads a `kind` from `low` to `high`; `why` says where the upper bound
+    comes from (for example "no GPU cluster has more"), so that an absurd value is refused with a reason:
+
+        argument --params: 1e30 must be at most 1e+15 (100 times the largest dense model trained)
+    """
+    floor = at_least(low, kind)
+
+    def parse(text: str) -> int | float:
+        value = floor(text)
+        if value > high:
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"{text} must be at most {high:g}{reason}")
+        return value
+
+    parse.__name__ = f"between_{low:g}_{high:g}_{kind.__name__}"
+    return parse
