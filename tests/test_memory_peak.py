@@ -15,7 +15,7 @@ import pytest
 from distlab.memory.__main__ import main
 from distlab.memory.accounting import measure_gpt_step
 from distlab.memory.estimator import MemoryConfig
-from distlab.memory.peak import KINDS, Timeline, gpt_parameter_sizes, peak
+from distlab.memory.peak import KINDS, Timeline, gpt_parameter_sizes, predict_peak
 
 # (layers, hidden, heads, batch, seq, vocab, bias, precision, recompute): 12 shapes, tiny so that the
 # test stays fast; the first has its mixed-precision peak in the optimizer's step, the second in backward
@@ -46,7 +46,7 @@ def test_peak_grid_within_5_percent_of_the_measured_peak():
     rows, phases = [], set()
     for L, h, a, b, s, V, bias, precision, recompute in GRID:
         got = measure_gpt_step(L, h, a, V, b, s, precision, recompute, bias=bias)
-        want = peak(_config(L, h, a, b, s, V, precision, recompute), bias=bias)
+        want = predict_peak(_config(L, h, a, b, s, V, precision, recompute), bias=bias)
         error = want.peak_bytes / got.peak_bytes - 1
         rows.append((L, h, a, b, s, V, bias, precision, recompute, want.peak_bytes, got.peak_bytes, error))
         assert abs(error) <= 0.05, rows[-1]
@@ -76,8 +76,8 @@ def test_peak_grid_within_5_percent_of_the_measured_peak():
 def test_the_sum_of_parts_misses_the_peak_and_says_why():
     """No recomputation: the estimator's total counts every gradient, which does not exist yet at the
     peak (too high); full recomputation: it leaves out the recomputed layer (too low)."""
-    none = peak(_config(2, 64, 4, 8, 32, 16, "fp32", "none"))
-    full = peak(_config(2, 64, 4, 8, 32, 16, "fp32", "full"))
+    none = predict_peak(_config(2, 64, 4, 8, 32, 16, "fp32", "none"))
+    full = predict_peak(_config(2, 64, 4, 8, 32, 16, "fp32", "full"))
     assert none.sum_of_parts_bytes > none.peak_bytes and none.parts["grads"] < none.parts["params"]
     assert full.sum_of_parts_bytes < full.peak_bytes and full.parts["recomputed"] > 0
     assert "backward" in none.where and full.phase == "backward"
@@ -99,16 +99,18 @@ def test_timeline_and_sizes():
     for bias in (True, False):
         model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias))
         assert gpt_parameter_sizes(2, 32, 11, 16, bias) == [p.numel() for p in model.parameters()]
-    assert set(peak(_config(1, 32, 2, 2, 16, 11, "fp32", "none")).parts) == set(KINDS)
+    assert set(predict_peak(_config(1, 32, 2, 2, 16, 11, "fp32", "none")).parts) == set(KINDS)
 
 
 def test_peak_refuses_what_it_does_not_model():
     with pytest.raises(ValueError, match="tp=2: the peak model follows the course's GPT step in one process"):
-        peak(MemoryConfig(layers=2, hidden=64, heads=4, vocab=16, tp=2, attention="flash", dropout=False))
+        predict_peak(
+            MemoryConfig(layers=2, hidden=64, heads=4, vocab=16, tp=2, attention="flash", dropout=False)
+        )
     with pytest.raises(ValueError, match="attention='math'"):
-        peak(MemoryConfig(layers=2, hidden=64, heads=4, vocab=16, dropout=False))
+        predict_peak(MemoryConfig(layers=2, hidden=64, heads=4, vocab=16, dropout=False))
     with pytest.raises(ValueError, match="the peak needs the model's shape"):
-        peak(MemoryConfig(params=1e9))
+        predict_peak(MemoryConfig(params=1e9))
 
 
 def test_cli_measure_prints_predicted_beside_measured(capsys):

@@ -178,7 +178,7 @@ def available_bytes() -> int:
 
 def run_measure(args: argparse.Namespace) -> dict[str, object]:
     from distlab.memory.accounting import measure_gpt_step
-    from distlab.memory.peak import peak
+    from distlab.memory.peak import predict_peak
 
     if args.hidden % args.heads:
         raise ValueError(
@@ -196,7 +196,7 @@ def run_measure(args: argparse.Namespace) -> dict[str, object]:
         attention="flash",
         dropout=False,
     )
-    predicted = peak(config)
+    predicted = predict_peak(config)
     free = available_bytes()
     if predicted.peak_bytes > 0.8 * free:
         raise ValueError(

@@ -10,7 +10,7 @@ al. 2016, sec. 3; Korthikanti et al. 2022, sec. 5). The optimizer's step then ho
 its own scratch space, and mixed precision adds fp32 copies of the gradients for the master weights
 (Micikevicius et al. 2018).
 
-`peak(config)` follows one step of `distlab.models.GPT` as PyTorch runs it on CPU, tensor by tensor:
+`predict_peak(config)` follows one step of `distlab.models.GPT` as PyTorch runs it on CPU, tensor by tensor:
 every op's output is allocated when the op runs and freed when its last user is done (the forward's
 saved tensors at their backward, a temporary at the next op), in the order autograd runs the backward
 (`Timeline` keeps the running total). Its maximum is the peak, split into the same kinds
@@ -339,7 +339,7 @@ def check_peak_config(c: MemoryConfig) -> None:
             )
 
 
-def peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = True) -> PeakPrediction:
+def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = True) -> PeakPrediction:
     """The peak of one training step of `distlab.models.GPT` (micro-batch `c.micro_batch` of `c.seq`
     tokens) with Adam: fp32 (`precision="fp32"`) or a bf16 model with fp32 master weights
     (`precision="mixed"`, `precision.MasterWeights`). `plan` is a per-layer recomputation plan
