@@ -201,3 +201,8 @@ def test_cli_sizes_take_e_notation(capsys):
     )
     data = json.loads(capsys.readouterr().out)
     assert data["shape_given"] and data["activations_bytes"] > 0
+
+
+def test_peak_refuses_a_plan_it_does_not_model():
+    with pytest.raises(ValueError, match="recomputing the MLP alone"):
+        predict_peak(_config(2, 16, 2, 2, 8, 7, "fp32", "none"), plan=["mlp", "none"])

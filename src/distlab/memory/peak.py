@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distlab.memory import estimator
+from distlab.memory import cost_model, estimator
 from distlab.memory.estimator import MemoryConfig
 
 KINDS = ("params", "grads", "optimizer", "activations", "recomputed", "temporaries")
@@ -348,14 +348,18 @@ def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = Tr
 
     check_peak_config(c)
     plan = check_plan(plan, c.layers) if plan is not None else policy_plan(c.recompute, c.layers)
+    if set(plan) - {"none", "core", "block"}:
+        raise ValueError(
+            f"plan={plan}: the peak model knows the options none, core (selective) and block (full); "
+            "recomputing the MLP alone ('mlp', 'core+mlp') is not modelled yet"
+        )
     e = 4 if c.precision == "fp32" else 2
     sh = _Shape(c.micro_batch * c.seq, c.seq, c.hidden, c.heads, c.vocab, e, bias)
     sizes = gpt_parameter_sizes(c.layers, c.hidden, c.vocab, c.seq, bias)
-    n = sum(sizes)
+    weights, _, state = cost_model.model_state_bytes(sum(sizes), c.precision)  # the estimator's parts
     tl = Timeline()
-    tl.alloc("params", n * e, "params")
-    state = (8 if c.precision == "fp32" else 12) * n + 4 * len(sizes)  # + Adam's fp32 step per tensor
-    tl.alloc("optimizer state", state, "optimizer")
+    tl.alloc("params", weights, "params")
+    tl.alloc("optimizer state", state + 4 * len(sizes), "optimizer")  # + Adam's fp32 step per tensor
     _forward(tl, sh, plan)
     _backward(tl, sh, plan)
     tl.phase = "optimizer"
