@@ -111,3 +111,22 @@ def add_steps(p: argparse.ArgumentParser, default: int, help: str) -> None:
 def add_json(p: argparse.ArgumentParser, help: str = "print the report as JSON") -> None:
     """--json: print data, not text."""
     p.add_argument("--json", action="store_true", help=help)
+
+
+def between(low: float, high: float, kind: type = int, why: str = "") -> Callable[[str], int | float]:
+    """An argparse `type=` that reads a `kind` from `low` to `high`; `why` says where the upper bound
+    comes from (for example "no GPU cluster has more"), so that an absurd value is refused with a reason:
+
+        argument --params: 1e30 must be at most 1e+15 (100 times the largest dense model trained)
+    """
+    floor = at_least(low, kind)
+
+    def parse(text: str) -> int | float:
+        value = floor(text)
+        if value > high:
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"{text} must be at most {high:g}{reason}")
+        return value
+
+    parse.__name__ = f"between_{low:g}_{high:g}_{kind.__name__}"
+    return parse

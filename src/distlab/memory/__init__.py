@@ -13,6 +13,9 @@ One idea per file (this chapter's core half, then ZeRO and its relatives):
 - `recompute`: activation recomputation (none, the attention core, the MLP, whole blocks, sqrt(n)
   segments) with bitwise-equal gradients, `plan_for_budget` (the cost-aware policy) and
   `time_recompute` (the time overhead against one extra forward).
+- `peak`: the peak of a training step, tensor by tensor: which phase, which tensors are alive, the
+  recomputed working set and the temporaries (`predict_peak` -> `PeakPrediction`), beside
+  `accounting.measure_gpt_step`; `python -m distlab.memory measure --json` prints both.
 - `estimator`: bytes per GPU of any configuration (dp, tp, pp with 1F1B/GPipe/interleaved, cp, ZeRO
   0-3, recomputation, offload, precision); `python -m distlab.memory estimate ... --json`.
 - `figures`: the chapter's pictures and the estimator's explorer; `exercises`: the lab's checks.
@@ -34,6 +37,7 @@ from distlab.memory.accounting import (
     StepMemory,
     cuda_peak_check,
     gpt_loss_fn,
+    measure_gpt_step,
     measure_step,
     saved_activation_bytes,
 )
@@ -52,6 +56,7 @@ from distlab.memory.cost_model import (
     zero_table,
 )
 from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
+from distlab.memory.peak import PeakPrediction, predict_peak
 from distlab.memory.precision import (
     LossScaler,
     MasterWeights,
@@ -78,6 +83,7 @@ __all__ = [
     "MasterWeights",
     "MemoryConfig",
     "MemoryEstimate",
+    "PeakPrediction",
     "StepMemory",
     "StepPrediction",
     "accumulate_gradients",
@@ -92,11 +98,13 @@ __all__ = [
     "layer_activation_terms",
     "layer_bytes",
     "layer_options",
+    "measure_gpt_step",
     "measure_step",
     "model_state_bytes",
     "plan_cost",
     "plan_for_budget",
     "policy_plan",
+    "predict_peak",
     "predict_step",
     "recompute_forward",
     "require_dtype",

@@ -253,3 +253,42 @@ def gpt_loss_fn(idx: Tensor, targets: Tensor) -> Callable[[nn.Module], Tensor]:
         return model(idx, targets)[1]
 
     return loss_fn
+
+
+def measure_gpt_step(
+    layers: int,
+    hidden: int,
+    heads: int,
+    vocab: int,
+    batch: int,
+    seq: int,
+    precision: str = "fp32",
+    recompute: str = "none",
+    seed: int = 0,
+    bias: bool = True,
+) -> StepMemory:
+    """`measure_step` of one training step of `distlab.models.GPT` with Adam on a random batch:
+    `precision="fp32"`, or `"mixed"`, a bf16 model with fp32 master weights (`precision.MasterWeights`,
+    Micikevicius et al. 2018); `recompute` is a named policy of `recompute.policy_plan`."""
+    from distlab.memory.precision import MasterWeights
+    from distlab.memory.recompute import policy_plan, recompute_forward
+    from distlab.models import GPT, GPTConfig
+
+    if precision not in ("fp32", "mixed"):
+        raise ValueError(
+            f"precision={precision!r} is unknown; choose 'fp32' or 'mixed' (bf16 + fp32 masters)"
+        )
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads, n_embd=hidden, bias=bias
+    )
+    model = GPT(config)
+    g = torch.Generator().manual_seed(seed)
+    idx, y = (torch.randint(vocab, (batch, seq), generator=g) for _ in range(2))
+    plan = policy_plan(recompute, layers)
+    if precision == "mixed":
+        model = model.to(torch.bfloat16)
+        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3))
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return measure_step(model, lambda m: recompute_forward(m, idx, y, plan=plan)[1], optimizer)
