@@ -106,7 +106,7 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
         "--host-memory-gb",
         type=between(1e-3, 1e6, float, "no server holds a petabyte"),
         default=none,
-        help="host memory per node, to check that offload fits (GB; default: not checked)",
+        help="host memory per node, to check that offload fits in GB (default: not checked)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
