@@ -27,7 +27,7 @@ from distlab.mesh import group_rank, group_size
 from distlab.models import GPT
 from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.config import block_ranges
-from distlab.tensor_parallel import CommRecorder, ParallelGPT, all_gather_seq, f
+from distlab.tensor_parallel import ParallelGPT, all_gather_seq, f
 from distlab.tensor_parallel.comm import Group
 
 
@@ -51,14 +51,13 @@ class Embed(nn.Module):
 class Head(nn.Module):
     """Final LayerNorm and the tied output layer: this rank's vocabulary slice of the logits."""
 
-    def __init__(self, ln_f: nn.LayerNorm, wte: nn.Module, sequence_parallel: bool, group: Group,
-                 recorder: CommRecorder | None) -> None:
+    def __init__(self, ln_f: nn.LayerNorm, wte: nn.Module, sequence_parallel: bool, group: Group) -> None:
         super().__init__()
-        self.ln_f, self.wte, self.group, self.recorder = ln_f, wte, group, recorder
+        self.ln_f, self.wte, self.group = ln_f, wte, group
         self.enter = all_gather_seq if sequence_parallel else f
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(self.enter(self.ln_f(x), self.group, self.recorder, "lm_head"), self.wte.weight)
+        return F.linear(self.enter(self.ln_f(x), self.group, "lm_head"), self.wte.weight)
 
 
 class StageModel(nn.Module):
@@ -70,7 +69,7 @@ class StageModel(nn.Module):
         super().__init__()
         self.stage, self.pp, self.dense_shapes = stage, pp, dense_shapes
         self.blocks = block_ranges(parallel.config.n_layer, pp)[stage]
-        sp, group, rec = parallel.sequence_parallel, parallel.group, parallel.recorder
+        sp, group = parallel.sequence_parallel, parallel.group
         self.h = nn.ModuleDict({str(i): parallel.h[i] for i in self.blocks})
         self.layers: list[nn.Module] = [*self.h.values()]
         self.is_first, self.is_last = stage == 0, stage == pp - 1
@@ -81,7 +80,7 @@ class StageModel(nn.Module):
             self.layers.insert(0, Embed(parallel.wte, parallel.wpe, sp, group))
         if self.is_last:
             self.ln_f = parallel.ln_f
-            self.layers.append(Head(parallel.ln_f, parallel.wte, sp, group, rec))
+            self.layers.append(Head(parallel.ln_f, parallel.wte, sp, group))
         self.parallel = [parallel]  # a list, so that its other stages' parameters are not registered here
 
     def sequence_parallel_grads(self) -> None:
@@ -89,12 +88,11 @@ class StageModel(nn.Module):
         self.parallel[0].allreduce_sequence_parallel_grads()
 
 
-def build_stage(dense: GPT, stage: int, pp: int, tp_group: Group = None, recorder: CommRecorder | None = None,
+def build_stage(dense: GPT, stage: int, pp: int, tp_group: Group = None,
                 sequence_parallel: bool = False) -> StageModel:
     """Stage `stage` of `pp` of the dense GPT, this rank's tensor-parallel shard of it (position in
     `tp_group`), via chapter 5's `ParallelGPT.from_dense` (Narayanan et al. 2021, sec. 2-3)."""
-    parallel = ParallelGPT.from_dense(dense, group=tp_group, recorder=recorder,
-                                      sequence_parallel=sequence_parallel)
+    parallel = ParallelGPT.from_dense(dense, group=tp_group, sequence_parallel=sequence_parallel)
     shapes = {n: tuple(p.shape) for n, p in dense.named_parameters()}
     return StageModel(parallel, stage, pp, shapes)
 

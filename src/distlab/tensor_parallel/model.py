@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distlab.comm_log import where as labelled
 from distlab.models import GPTConfig
 from distlab.tensor_parallel.comm import (
-    CommRecorder,
     Group,
     all_gather_seq,
     all_reduce,
@@ -67,11 +67,11 @@ def check_config(config: GPTConfig, tp_size: int) -> None:
 class ParallelMLP(nn.Module):
     """The feed-forward block split as Shoeybi et al. 2019 (sec. 3, fig. 3a) split it: column, GELU, row."""
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "mlp") -> None:
         super().__init__()
         h = config.n_embd
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.c_fc = ColumnParallelLinear(h, 4 * h, config.bias, name=f"{name}.c_fc", **comm)
         self.c_proj = RowParallelLinear(4 * h, h, config.bias, name=f"{name}.c_proj", **comm)
 
@@ -87,13 +87,13 @@ class ParallelSelfAttention(nn.Module):
     (c_proj, row-parallel), whose partial sums `g` adds.
     """
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "attn") -> None:
         super().__init__()
         self.local_heads = check_divisible("n_head", config.n_head, group_size(group))
         self.head_size = config.n_embd // config.n_head
         h = config.n_embd
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.c_attn = ColumnParallelLinear(h, 3 * h, config.bias, name=f"{name}.c_attn", **comm)
         self.c_proj = RowParallelLinear(h, h, config.bias, name=f"{name}.c_proj", **comm)
 
@@ -109,10 +109,10 @@ class ParallelSelfAttention(nn.Module):
 class ParallelBlock(nn.Module):
     """A pre-norm transformer block (as `distlab.models.Block`) with parallel attention and MLP."""
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "h.0") -> None:
         super().__init__()
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = ParallelSelfAttention(config, name=f"{name}.attn", **comm)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -128,7 +128,8 @@ class ParallelGPT(nn.Module):
 
     group: the tensor-parallel process group (None = the whole world, or one process without
     torch.distributed), e.g. `mesh["tp"].get_group()`; p is its size and r this rank's position in it.
-    recorder: an optional `CommRecorder` that logs every collective the model runs.
+    Its collectives are labelled with the dense names of the layers that call them ("h.0.attn.c_proj",
+    "wte", "lm_head", "loss", "sp-grads"): an open `distlab.comm_log` records them.
 
     forward(idx, targets) returns this rank's logits, of shape (B, T, vocab_size / p) for the vocabulary
     ids [r V/p, (r+1) V/p), and the mean cross-entropy (identical on every rank) when targets are
@@ -136,13 +137,13 @@ class ParallelGPT(nn.Module):
     itself (tied weights), so its gradient collects both uses, as in the dense model.
     """
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         check_config(config, group_size(group))
-        self.config, self.group, self.recorder = config, group, recorder
+        self.config, self.group = config, group
         self.sequence_parallel = sequence_parallel
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, name="wte", **comm)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.h = nn.ModuleList(ParallelBlock(config, name=f"h.{i}", **comm) for i in range(config.n_layer))
@@ -159,10 +160,10 @@ class ParallelGPT(nn.Module):
         return group_rank(self.group)
 
     @classmethod
-    def from_dense(cls, dense: nn.Module, *, group: Group = None, recorder: CommRecorder | None = None,
+    def from_dense(cls, dense: nn.Module, *, group: Group = None,
                    sequence_parallel: bool = False) -> ParallelGPT:
         """A ParallelGPT holding this rank's shard (its position in `group`) of the dense GPT's weights."""
-        model = cls(dense.config, group=group, recorder=recorder, sequence_parallel=sequence_parallel)
+        model = cls(dense.config, group=group, sequence_parallel=sequence_parallel)
         model = model.to(next(dense.parameters()))
         shard = shard_state_dict(dense.state_dict(), dense.config, model.tp_rank, model.tp_size)
         model.load_state_dict(shard)
@@ -200,10 +201,10 @@ class ParallelGPT(nn.Module):
             x = block(x)
         x = self.ln_f(x)
         enter = all_gather_seq if self.sequence_parallel else f
-        logits = F.linear(enter(x, self.group, self.recorder, "lm_head"), self.wte.weight)  # (B, T, V/p)
+        logits = F.linear(enter(x, self.group, "lm_head"), self.wte.weight)  # (B, T, V/p)
         if targets is None:
             return logits, None
-        return logits, vocab_parallel_cross_entropy(logits, targets, self.group, self.recorder)
+        return logits, vocab_parallel_cross_entropy(logits, targets, self.group)
 
     def sequence_parallel_params(self) -> list[nn.Parameter]:
         """Replicated parameters that, under sequence parallelism, see only this rank's positions."""
@@ -217,8 +218,8 @@ class ParallelGPT(nn.Module):
         if not self.sequence_parallel:
             return
         params = [p for p in self.sequence_parallel_params() if p.grad is not None]
-        flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), self.group, self.recorder,
-                          "backward", "sp-grads")
+        with labelled("", phase="backward"):  # part of the backward pass, though autograd has finished
+            flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), self.group, "sp-grads")
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
