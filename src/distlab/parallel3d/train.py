@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.comm_log import CommLog, comm_log
 from distlab.memory import ZeRO
-from distlab.mesh import group_rank
+from distlab.mesh import flat_group, group_rank
 from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.checkpoint_zero import load_zero_state, zero_state
@@ -89,6 +89,7 @@ class Trainer3D:
         self.plan, self.batch, self.dtype, self.mesh = plan, batch, dtype, mesh
         self.groups = {d: mesh[d].get_group() for d in ("dp", "pp", "tp")}
         self.coords = {d: group_rank(g) for d, g in self.groups.items()}
+        self.mesh_group = flat_group(mesh)  # every rank of the mesh: where the step's loss is reported
         self.device = device or torch.device("cpu")
         self.log: CommLog = comm_log(mesh=mesh)  # the calls of the last step
         self.model = build_stage(dense_gpt(config, seed, dtype).to(self.device), self.coords["pp"], plan.pp,
@@ -136,10 +137,11 @@ class Trainer3D:
 
     def global_loss(self, loss: float | None) -> float:
         """The step's loss over the whole batch, on every rank: the mean of the dp replicas' last-stage
-        losses (one all-reduce over the world; tp rank 0 of each last stage contributes)."""
+        losses (one all-reduce over the group of every rank of the mesh; tp rank 0 of each last stage
+        contributes)."""
         mine = loss is not None and self.coords["tp"] == 0
         t = torch.tensor([loss / self.plan.dp if mine else 0.0], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.mesh_group)
         return t.item()
 
     def params(self) -> list[ShardedParam]:

@@ -28,6 +28,8 @@ layer reduce-scatters its output instead of `g`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -76,6 +78,21 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "idx", ignore_inde
                      "tokenizer against the model's vocab_size")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How a tensor-parallel layer splits one of its parameters over the group: along tensor dimension
+    `dim` (None: the whole tensor on every rank), after cutting it into `chunks` equal parts along that
+    dimension that are split one by one (c_attn packs [q | k | v]: each is split by heads). Each layer
+    class declares its parameters' placements once (`placements`); `model.placement` reads them, and so
+    do the shard/gather functions and the checkpoints of chapter 9."""
+
+    dim: int | None
+    chunks: int = 1
+
+
+REPLICATED = Placement(None)
+
+
 def shard_rows(w: Tensor, rank: int, size: int) -> Tensor:
     """Rows [rank k, (rank+1) k) of `w`, k = rows / size: a column-parallel shard of nn.Linear's weight."""
     k = check_divisible("rows", w.shape[0], size)
@@ -93,13 +110,17 @@ class ColumnParallelLinear(nn.Module):
 
     Rank r holds `weight` = W[r k:(r+1) k] (k = out_features / p) and its bias slice, and returns its
     slice Y_r of the output (last dimension). The input passes through `f` (identity forward,
-    all-reduce backward), or, with sequence parallelism, is all-gathered along the sequence.
+    all-reduce backward), or, with sequence parallelism, is all-gathered along the sequence. `chunks`:
+    the output packs that many equal parts, each split over the ranks (3 for attention's q, k, v).
     """
 
+    placements = {"weight": Placement(0), "bias": Placement(0)}  # W's rows (outputs), the bias likewise
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group: Group = None,
-                 sequence_parallel: bool = False,
-                 name: str = "column") -> None:
+                 sequence_parallel: bool = False, name: str = "column", chunks: int = 1) -> None:
         super().__init__()
+        if chunks != 1:
+            self.placements = {k: Placement(0, chunks) for k in self.placements}
         self.group = group
         self.name, self.sequence_parallel = name, sequence_parallel
         local = check_divisible(f"{name}.out_features", out_features, group_size(group))
@@ -121,6 +142,8 @@ class RowParallelLinear(nn.Module):
     reduce-scatter adds them and keeps this rank's slice of the sequence. The bias is replicated and
     added after the sum, so that it counts once.
     """
+
+    placements = {"weight": Placement(1), "bias": REPLICATED}  # W's columns (inputs); the bias whole
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group: Group = None,
                  sequence_parallel: bool = False,
@@ -148,6 +171,8 @@ class VocabParallelEmbedding(nn.Module):
     it. With sequence parallelism the sum is a reduce-scatter along the sequence instead. The same
     `weight` serves as the output layer when the embeddings are tied (see `model.ParallelGPT`).
     """
+
+    placements = {"weight": Placement(0)}  # the vocabulary's rows
 
     def __init__(self, vocab_size: int, embedding_dim: int, *, group: Group = None,
                  sequence_parallel: bool = False,

@@ -23,6 +23,8 @@ embedding, the biases added after a reduce-scatter).
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 
 import torch
@@ -40,7 +42,9 @@ from distlab.tensor_parallel.comm import (
     group_size,
 )
 from distlab.tensor_parallel.layers import (
+    REPLICATED,
     ColumnParallelLinear,
+    Placement,
     RowParallelLinear,
     VocabParallelEmbedding,
     check_divisible,
@@ -94,7 +98,7 @@ class ParallelSelfAttention(nn.Module):
         self.head_size = config.n_embd // config.n_head
         h = config.n_embd
         comm = {"group": group, "sequence_parallel": sequence_parallel}
-        self.c_attn = ColumnParallelLinear(h, 3 * h, config.bias, name=f"{name}.c_attn", **comm)
+        self.c_attn = ColumnParallelLinear(h, 3 * h, config.bias, name=f"{name}.c_attn", chunks=3, **comm)
         self.c_proj = RowParallelLinear(h, h, config.bias, name=f"{name}.c_proj", **comm)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -208,9 +212,8 @@ class ParallelGPT(nn.Module):
 
     def sequence_parallel_params(self) -> list[nn.Parameter]:
         """Replicated parameters that, under sequence parallelism, see only this rank's positions."""
-        names = [n for n, _ in self.named_parameters() if _rule(n) == "replicated"]
         params = dict(self.named_parameters())
-        return [params[n] for n in names]
+        return [params[n] for n, pl in placements(self).items() if pl.dim is None]
 
     def allreduce_sequence_parallel_grads(self) -> None:
         """Sum the gradients of `sequence_parallel_params` over the group, in one flat all-reduce
@@ -229,23 +232,44 @@ class ParallelGPT(nn.Module):
 # ------------------------------------------------------------------ dense <-> shards
 
 
-def _rule(name: str) -> str:
-    """How the dense parameter `name` is split: 'qkv', 'rows', 'cols', 'tied' or 'replicated'."""
-    if name == "wte.weight":
-        return "rows"  # vocabulary-parallel
-    if name == "lm_head.weight":
-        return "tied"  # the same matrix as wte.weight
-    if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
-        return "qkv"
-    if name.endswith("mlp.c_fc.weight") or name.endswith("mlp.c_fc.bias"):
-        return "rows"
-    if name.endswith("c_proj.weight"):
-        return "cols"
-    return "replicated"  # position embedding, LayerNorms, the biases of the row-parallel layers
+def placements(model: nn.Module) -> dict[str, Placement]:
+    """Every parameter of `model` by name, with the placement its layer declares (`layers.Placement`);
+    a parameter of any other module (LayerNorm, position embedding) is replicated."""
+    out = {}
+    for prefix, module in model.named_modules():
+        declared = getattr(module, "placements", {})
+        for name, _ in module.named_parameters(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = declared.get(name, REPLICATED)
+    return out
+
+
+@functools.cache
+def _declared(p: int) -> dict[str, Placement]:
+    """The placements of a one-block ParallelGPT, built on the meta device (no memory) with sizes that any
+    group of p ranks divides; its names are the dense GPT's, with block 0 standing for every block."""
+    config = GPTConfig(vocab_size=p, block_size=1, n_layer=1, n_head=p, n_embd=p)
+    with torch.device("meta"):
+        return placements(ParallelGPT(config))
+
+
+def placement(name: str) -> Placement:
+    """How ParallelGPT splits the dense GPT's parameter `name` ("h.3.attn.c_attn.weight"), as the layer
+    that holds it declares; replicated for a name no layer splits. lm_head.weight, tied to wte.weight,
+    is never stored on its own."""
+    return _declared(group_size()).get(re.sub(r"^h\.\d+\.", "h.0.", name), REPLICATED)
+
+
+def _shard(t: Tensor, pl: Placement, rank: int, size: int) -> Tensor:
+    """Rank `rank`'s share of `t` under placement `pl`: each of its `chunks` parts split along `dim`."""
+    if pl.dim is None:
+        return t.clone()
+    cut = shard_rows if pl.dim == 0 else shard_cols
+    return torch.cat([cut(part, rank, size) for part in t.chunk(pl.chunks, dim=pl.dim)], dim=pl.dim).clone()
 
 
 def shard_state_dict(state: dict[str, Tensor], config: GPTConfig, rank: int, size: int) -> dict[str, Tensor]:
-    """Rank `rank`'s share (out of `size`) of a dense GPT state dict (or of its gradients, by name).
+    """Rank `rank`'s share (out of `size`) of a dense GPT state dict (or of its gradients, by name), cut as
+    each layer declares (`placement`).
 
     Column-parallel weights keep rows, row-parallel weights keep columns (nn.Linear stores (out, in)),
     the embedding keeps its vocabulary rows, and q, k and v of c_attn are each split by heads.
@@ -253,20 +277,8 @@ def shard_state_dict(state: dict[str, Tensor], config: GPTConfig, rank: int, siz
     check_config(config, size)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank={rank!r} must be a position in the group, 0 .. {size - 1}")
-    out = {}
-    for name, t in state.items():
-        rule = _rule(name)
-        if rule == "tied":
-            continue
-        if rule == "qkv":
-            out[name] = torch.cat([shard_rows(part, rank, size) for part in t.chunk(3, dim=0)]).clone()
-        elif rule == "rows":
-            out[name] = shard_rows(t, rank, size).clone()
-        elif rule == "cols":
-            out[name] = shard_cols(t, rank, size).clone()
-        else:
-            out[name] = t.clone()
-    return out
+    return {name: _shard(t, placement(name), rank, size) for name, t in state.items()
+            if name != "lm_head.weight"}  # tied to wte.weight
 
 
 def gather_state_dict(shards: Sequence[dict[str, Tensor]], config: GPTConfig,
@@ -275,17 +287,13 @@ def gather_state_dict(shards: Sequence[dict[str, Tensor]], config: GPTConfig,
     `shard_state_dict`). Replicated entries are taken from rank 0. `tied` adds lm_head.weight."""
     out = {}
     for name in shards[0]:
-        parts = [s[name] for s in shards]
-        rule = _rule(name)
-        if rule == "qkv":
-            pieces = [p.chunk(3, dim=0) for p in parts]  # per rank: (q_r, k_r, v_r)
-            out[name] = torch.cat([torch.cat([pc[i] for pc in pieces]) for i in range(3)])
-        elif rule == "rows":
-            out[name] = torch.cat(parts, dim=0)
-        elif rule == "cols":
-            out[name] = torch.cat(parts, dim=-1)
-        else:
+        parts, pl = [s[name] for s in shards], placement(name)
+        if pl.dim is None:
             out[name] = parts[0].clone()
+            continue
+        pieces = [p.chunk(pl.chunks, dim=pl.dim) for p in parts]  # per rank: its slice of every chunk
+        out[name] = torch.cat([torch.cat([pc[i] for pc in pieces], dim=pl.dim) for i in range(pl.chunks)],
+                              dim=pl.dim)
     if tied and "wte.weight" in out:
         out["lm_head.weight"] = out["wte.weight"]
     return out
