@@ -39,7 +39,10 @@ What each record holds:
   `sent_bytes` is then exactly B - own_bytes, also for uneven splits (ring_bytes' (p-1)/p B when even).
 
 Logs nest: an inner log and an outer one both record a call. A log lives in one process; in ranks
-started by `distlab.launch.run`, open it inside the function each rank runs.
+started by `distlab.launch.run`, open it inside the function each rank runs. Like every dispatch mode
+(and `CommDebugMode`) it is thread-local: it sees the calls of its thread and of autograd's backward
+pass, but not a collective issued from another thread, such as the second all-reduce of PyTorch's
+PowerSGD hook, which runs in a `Future.then` callback on the backend's thread.
 """
 
 from __future__ import annotations

@@ -12,15 +12,17 @@ Distributed Optimization", NeurIPS) all-reduces, for each n x m gradient matrix 
 instead of M: P = M Q (n x r), orthogonalised, and Q = M^T P (m x r), one step of power iteration warm-
 started from the last step's Q. The rank-r approximation P Q^T replaces the average of M; what it
 misses is added to the next step's gradient (error feedback), so nothing is lost for good. Traffic per
-matrix drops from n m to r (n + m) values. `PowerSGD` is our DDP communication hook; PyTorch's is
-`torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`; both all-reduce over the group they are
-given. (This module evaluates its annotations eagerly: DDP checks a hook's annotations against
-`dist.GradBucket` and `Future[Tensor]` themselves.) `compare_compression` trains the same model with
-plain all-reduce, ours and PyTorch's, and reports the bytes each rank sent, counted the same way for all
-three by one `distlab.comm_log` around the training steps, and the final loss of each.
+matrix drops from n m to r (n + m) values. `PowerSGD` is our DDP communication hook (every collective
+recorded in a `zero_comm.CommLog`); PyTorch's is `torch.distributed.algorithms.ddp_comm_hooks.
+powerSGD_hook`. (This module evaluates its annotations eagerly: DDP checks a hook's annotations
+against `dist.GradBucket` and `Future[Tensor]` themselves.) `compare_compression` trains the same
+model with plain all-reduce, ours and PyTorch's, and reports bytes sent and the final loss of each.
 """
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from distlab import sharding
-from distlab.comm_log import comm_log, where
+from distlab.memory.zero_comm import CommLog, all_reduce
 from distlab.memory.zero_parity import Task, group_mean, mlp_task
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
@@ -75,12 +77,12 @@ def train_curve(optimizer: str, task: Task | None = None, steps: int = 60, lr: f
 class PowerSGD:
     """Rank-`rank` PowerSGD with error feedback and warm start, as a DDP communication hook
     (`ddp.register_comm_hook(state, PowerSGD.hook)`): Vogels et al. 2019, Algorithm 1. Matrices where
-    r (n + m) is not smaller than n m, and all vectors, are all-reduced as they are. `group`: the
-    data-parallel group (None: the whole world)."""
+    r (n + m) is not smaller than n m, and all vectors, are all-reduced as they are."""
 
     group: dist.ProcessGroup | None = None
     rank: int = 1
     seed: int = 0
+    log: CommLog = field(default_factory=CommLog)
     errors: dict[tuple[int, int], Tensor] = field(default_factory=dict)
     qs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
 
@@ -91,12 +93,10 @@ class PowerSGD:
             g = torch.Generator().manual_seed(self.seed + key[1])
             self.qs[key] = torch.randn(m.shape[1], self.rank, generator=g)
         p = m @ self.qs[key]
-        with where("P"):
-            dist.all_reduce(p, group=self.group)
+        all_reduce(p, self.group, self.log, tag="P")
         p, _ = torch.linalg.qr(p / n_ranks)  # orthonormal columns (the paper's Gram-Schmidt)
         q = m.t() @ p
-        with where("Q"):
-            dist.all_reduce(q, group=self.group)
+        all_reduce(q, self.group, self.log, tag="Q")
         q /= n_ranks
         self.qs[key] = q
         approx = p @ q.t()
@@ -114,8 +114,7 @@ class PowerSGD:
                 out.append(state._compress((bucket.index(), i), g.reshape(rows, cols), n).reshape(g.shape))
             else:
                 flat = g.clone()
-                with where("vector"):
-                    dist.all_reduce(flat, group=state.group)
+                all_reduce(flat, state.group, state.log, tag="vector")
                 out.append(flat / n)
         result = torch.cat([t.reshape(-1) for t in out])
         future: torch.futures.Future[Tensor] = torch.futures.Future()
@@ -123,14 +122,21 @@ class PowerSGD:
         return future
 
 
-def allreduce_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-    """Plain data parallelism as a comm hook (`ddp.register_comm_hook(group, allreduce_hook)`): the
-    bucket's average over `group` (None: the whole world), by one all-reduce."""
-    flat = bucket.buffer().clone()
-    dist.all_reduce(flat, group=group)
-    future: torch.futures.Future[Tensor] = torch.futures.Future()
-    future.set_result(flat / dist.get_world_size(group))
-    return future
+@dataclass
+class AllReduce:
+    """Plain data parallelism as a comm hook (`ddp.register_comm_hook(state, AllReduce.hook)`), so that
+    its bytes are recorded the same way: the bucket's average over `group` (None: the whole world)."""
+
+    group: dist.ProcessGroup | None = None
+    log: CommLog = field(default_factory=CommLog)
+
+    @staticmethod
+    def hook(state: "AllReduce", bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        flat = bucket.buffer().clone()
+        all_reduce(flat, state.group, state.log, tag="bucket")
+        future: torch.futures.Future[Tensor] = torch.futures.Future()
+        future.set_result(flat / dist.get_world_size(state.group))
+        return future
 
 
 @dataclass(frozen=True)
@@ -142,47 +148,61 @@ class CompressionResult:
     final_loss: float
 
 
-def _ddp(method: str, model: nn.Module, rank: int, group: dist.ProcessGroup | None) -> nn.Module:
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1, process_group=group)
+def _ddp(method: str, model: nn.Module, log: CommLog, rank: int) -> nn.Module:
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     if method == "allreduce":
-        ddp.register_comm_hook(group, allreduce_hook)
+        ddp.register_comm_hook(AllReduce(log=log), AllReduce.hook)
     elif method == "ours":
-        ddp.register_comm_hook(PowerSGD(group, rank=rank), PowerSGD.hook)
-    else:  # PyTorch's: compress from the second step on (the earliest it allows)
-        state = powerSGD_hook.PowerSGDState(group, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+        ddp.register_comm_hook(PowerSGD(rank=rank, log=log), PowerSGD.hook)
+    else:  # PyTorch's: compress from the second step on (the earliest it allows), count its all-reduces
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
                                             min_compression_rate=1)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
 
 
+@contextlib.contextmanager
+def _recording_all_reduce(log: CommLog) -> Iterator[None]:
+    """While inside, every `dist.all_reduce` call (PyTorch's hook makes them) is recorded in `log`."""
+    original = dist.all_reduce
+
+    def recorded(t: Tensor, *args: Any, **kwargs: Any) -> Any:
+        log.add("all_reduce", t.numel() * t.element_size(), dist.get_world_size(), "pytorch")
+        return original(t, *args, **kwargs)
+
+    dist.all_reduce = recorded
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
 def compare_compression(methods: tuple[str, ...] = ("allreduce", "ours", "pytorch"), rank: int = 2,
-                        steps: int = 60, lr: float = 1e-2, task: Task | None = None,
-                        group: dist.ProcessGroup | None = None) -> list[CompressionResult]:
-    """Inside the ranks of `group` (None: the whole world): train the task with DDP and each method's
-    gradient exchange, with Adam, and report the bytes each rank sent per step (the all-reduces a
-    `comm_log` saw during the steps, under the ring algorithm, averaged over steps) and the final loss."""
+                        steps: int = 60, lr: float = 1e-2,
+                        task: Task | None = None) -> list[CompressionResult]:
+    """Inside the ranks (whole world): train the task with DDP and each method's gradient exchange,
+    with Adam, and report bytes sent per step (averaged over steps) and the final loss."""
     task = task or mlp_task(sizes=(16, 64, 64, 4), n=96)
     results = []
     for method in methods:
+        log = CommLog()
         model = task.build()
-        ddp = _ddp(method, model, rank, group)  # built outside the log: its start-up broadcast is no step
+        ddp = _ddp(method, model, log, rank)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
-        with comm_log() as log:
-            loss = _train_ddp(ddp, opt, task, steps, group)
-        sent = int(log.sent_bytes(op="all_reduce"))
-        results.append(CompressionResult(method, sent // steps, group_mean(loss, group)))
+        recording = _recording_all_reduce(log) if method == "pytorch" else contextlib.nullcontext()
+        with recording:
+            loss = _train_ddp(ddp, opt, task, steps)
+        results.append(CompressionResult(method, log.sent_bytes() // steps, loss))
     return results
 
 
-def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: int,
-               group: dist.ProcessGroup | None) -> Tensor:
-    """`steps` steps on this rank's shard of each batch; this rank's last loss."""
+def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: int) -> float:
     loss = torch.zeros(())
     for step in range(steps):
         x, y = task.batch(step)
-        mine = sharding.shard(len(x), dist.get_rank(group), dist.get_world_size(group))
+        mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
         opt.zero_grad()
         loss = task.loss(ddp, x[mine], y[mine])
         loss.backward()
         opt.step()
-    return loss
+    return group_mean(loss, None)
