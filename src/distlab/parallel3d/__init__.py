@@ -15,17 +15,13 @@ One idea per file:
 - `figures`: the mesh and the placement pictures; `exercises`: the lab's checks.
 - `__main__`: `python -m distlab.parallel3d --dp 2 --pp 2 --tp 1` runs a few steps and checks parity.
 Checkpoints, restarts and many nodes:
-- `checkpoint`: the one contract (`ShardedParam`: dense name, local tensor, tp dim, c_attn's 3 chunks,
-  the tied copy; `Checkpointable`, which `Trainer3D` and the dp x tp `Trainer` both are) and sharded
-  save/load with torch.distributed.checkpoint: each pipeline stage writes its own keys as DTensors on
-  its (dp, tp) sub-mesh, loadable on another (dp, pp, tp) (resharding); `checkpoint_zero`: ZeRO's flat
-  Adam state to and from one tensor per parameter;
-  `checkpoint_verify`: a damaged or partial checkpoint is refused with the file and the key it lacks.
-- `checkpoint_train`: a small dp x tp trainer (chapter 5's ParallelGPT, chapter 7's ZeRO) and its
-  single-process reference, the lab's quick example; `checkpoint_parity`: resume on other meshes, and
-  the verdict. The 3D run is checkpointed through the same code (tests/test_parallel3d_checkpoint_3d.py).
-- `checkpoint_cost`: steps lost and the checkpoint interval (Young 1974, Daly 2006);
-  `checkpoint_figures`, `checkpoint_exercises`: the lab's figure and check.
+- `checkpoint/`, a sub-package: the one contract (`ShardedParam`: dense name, local tensor, tp dim,
+  c_attn's 3 chunks, the tied copy; `Checkpointable`, which `Trainer3D` and the dp x tp
+  `checkpoint.train.Trainer` both are); sharded save/load with torch.distributed.checkpoint, each
+  pipeline stage writing its own keys as DTensors on its (dp, tp) sub-mesh, loadable on another
+  (dp, pp, tp) (resharding); a CRC-32 per chunk, and a damaged, partial or mismatched checkpoint refused
+  by name before anything loads; ZeRO's flat Adam state per parameter; the lab's small trainer, parity,
+  cost model (Young 1974, Daly 2006), figure and check (its `__init__` maps its files).
 - `restart`: the script torchrun restarts (`--max-restarts`): `Trainer3D` on `--dp --pp --tp`, with
   fault injection (`--kill-at-step`);
   `multinode`: torchrun and sbatch commands, and several torchrun agents on one machine as "nodes".
