@@ -1,10 +1,12 @@
 """Chapter 10 on ranks: ring attention against dense causal attention at 2, 3 and 4 ranks, both layouts,
 float64, outputs and gradients, with the work and the bytes of every rank against the formulas; an
 uneven length padded; the course GPT and the memory measurement (2 ranks); and the cp sub-groups of a
-2 x 2 mesh (4 ranks); the GPT's loss with ignored targets (-100: some, all, and the padding of an uneven
-length) against F.cross_entropy(ignore_index=-100), loss and every gradient, at 1 to 4 ranks and both
-layouts. One launch per world size (world size 1 is in test_context_parallel.py, and here without ranks
-for the ignored targets)."""
+2 x 2 mesh (4 ranks), where a GPT step with the batch split over dp and each sequence over cp, its loss
+averaged and its gradients reduced over the flattened dp x cp group (`mesh.dp_cp_group`), equals one
+process; the GPT's loss with ignored targets (-100: some, all, and the padding of an uneven length)
+against F.cross_entropy(ignore_index=-100), loss and every gradient, at 1 to 4 ranks and both layouts.
+One launch per world size (world size 1 is in test_context_parallel.py, and here without ranks for the
+ignored targets)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def _on_ranks(seq_len: int, uneven: int, extras: bool) -> dict:
     if dist.get_world_size() == 4:  # the same 4 ranks as dp=2 x cp=2: each cp pair runs its own ring
         group = grid(dp=2, cp=2)["cp"].get_group()
         out["sub"] = [attention_parity(layout, seq_len=16, group=group, **SHAPE) for layout in layouts]
+        out["dp_cp"] = _dp_cp_step()
     out["ignored"] = _ignored_targets_parity()
     return out
 
@@ -86,6 +89,46 @@ def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str,
     return out
 
 
+def _dp_cp_step() -> dict:
+    """grid(dp=2, cp=2): each dp index takes half of a batch of 4 sequences, its cp pair splits each
+    sequence (ring attention); the loss is averaged and the gradients summed over dp x cp, then divided
+    by dp. Returns the differences from the same GPT on the whole batch in one process, the members of
+    the dp x cp group, the axis a comm_log names it by, and the error for an axis the mesh lacks."""
+    import torch
+
+    from distlab.comm_log import comm_log
+    from distlab.context_parallel import all_reduce_grads, cp_gpt_loss
+    from distlab.mesh import dp_cp_group, flat_group, grid
+    from distlab.models import GPT, GPTConfig
+
+    m = grid(dp=2, cp=2)
+    dp, group = m["dp"].size(), dp_cp_group(m)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    dense, model = GPT(config).double(), GPT(config).double()
+    model.load_state_dict(dense.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    idx, targets = (torch.randint(0, config.vocab_size, (4, 16), generator=gen) for _ in range(2))
+    _, ref = dense(idx, targets)
+    ref.backward()
+    rows = slice(2 * m.get_local_rank("dp"), 2 * m.get_local_rank("dp") + 2)
+    loss = cp_gpt_loss(model, idx[rows], targets[rows], group=m["cp"].get_group())
+    loss.backward()
+    with comm_log(mesh=m) as log:
+        all_reduce_grads(model, group)
+        total = loss.detach().reshape(1).clone()
+        dist.all_reduce(total, group=group)
+    grads = max((a.grad / dp - b.grad).abs().max().item() for a, b in zip(model.parameters(),
+                                                                         dense.parameters(), strict=True))
+    try:
+        flat_group(m, "tp")
+        error = "no error"
+    except ValueError as e:
+        error = str(e)
+    return {"loss": abs(total.item() / dp - ref.item()), "grads": grads, "error": error,
+            "axes": {r.axis for r in log.records}, "members": dist.get_process_group_ranks(group)}
+
+
 def _check_reports(reports: list[CPParityReport], p: int, seq_len: int) -> None:
     for rep in reports:
         assert max(rep.max_error.values()) <= TOL, rep
@@ -114,6 +157,11 @@ def test_ring_attention_on_ranks(p: int, seq_len: int, uneven: int) -> None:
         assert [[rep.rank for rep in res["sub"]] for res in results] == [[0, 0], [1, 1], [0, 0], [1, 1]]
         for res in results:
             _check_reports(res["sub"], 2, 16)
+            step = res["dp_cp"]  # dp x cp: the loss and the gradients of one process on the whole batch
+            assert step["loss"] <= TOL and step["grads"] <= TOL, step
+            assert step["members"] == [0, 1, 2, 3] and step["axes"] == {"dp_cp"}
+            assert step["error"] == ("axes=['tp']: ['tp'] are not axes of the mesh, whose axes are "
+                                     "['dp', 'cp']; name axes the mesh has")
     if p == 2:
         for res in results:
             assert all(g.worst() <= TOL for g in res["gpt"])

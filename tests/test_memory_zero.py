@@ -53,7 +53,7 @@ def _bad_inputs() -> dict[str, str]:
         "stage": _message(ValueError, lambda: ZeRO(model, 4)),
         "stage_bool": _message(ValueError, lambda: check_stage(True)),
         "units": _message(ValueError, lambda: ZeRO(model, 3, units=[other[0]])),
-        "dim": _message(ValueError, lambda: dp_group(m, "ep")),
+        "axis": _message(ValueError, lambda: dp_group(m, "ep")),
         "room": _message(MemoryError, lambda: ZeRO(model, 1, offload=True, host_bytes_available=1000)),
     }
     if dist.get_rank() == 1:
@@ -193,7 +193,7 @@ def test_bad_inputs_have_clear_messages() -> None:
         errors["stage"]
     assert "stage=True is not a ZeRO stage" in errors["stage_bool"]
     assert "units ['Linear'] are not modules of the model; pass submodules of it" in errors["units"]
-    assert "dim='ep' is not a dim of the mesh, whose dims are ['dp']" in errors["dim"]
+    assert "axis='ep' is not an axis of the mesh, whose axes are ['dp']" in errors["axis"]
     assert "group=[0] (global ranks) does not contain this rank (1); pass the data-parallel group" in \
         errors["member"]
     assert errors["room"].startswith("offload=True needs 1,392 bytes of host memory on this rank")

@@ -84,7 +84,7 @@ def test_grid_groups_match_the_layout(sizes: dict[str, int]) -> None:
     expected = mesh.layout(**sizes)
     results = [r["grids"][[g for g in GRIDS if _world(g) == world].index(sizes)] for r in _ranks(world)]
     for rank, seen in enumerate(results):
-        assert list(seen) == [d for d in mesh.DIM_ORDER if d in sizes]  # outermost first
+        assert list(seen) == [d for d in mesh.AXIS_ORDER if d in sizes]  # outermost first
         for name, members in seen.items():
             assert members in expected[name] and rank in members
 
@@ -121,14 +121,14 @@ def test_coordinates_are_the_row_major_digits() -> None:
         assert c["dp"] * 4 + c["tp"] == r
     with pytest.raises(ValueError, match=r"rank=12 is outside the grid of 12 ranks \(0 .. 11\)"):
         mesh.coordinates(12, dp=3, tp=4)
-    with pytest.raises(ValueError, match=r"unknown dim\(s\) \['xp'\]"):
+    with pytest.raises(ValueError, match=r"unknown axis \(axes\) \['xp'\]"):
         mesh.coordinates(0, dp=2, xp=2)
 
 
 def test_bad_sizes_name_the_dims_and_the_fix() -> None:
     for r, rank in enumerate(_ranks(4)):
         assert rank["bad"] == ("grid(dp=2, tp=3) needs 2 x 3 = 6 ranks, but the job has world_size=4; choose "
-                               "dim sizes whose product is 4"), (r, rank["bad"])
+                               "axis sizes whose product is 4"), (r, rank["bad"])
     with pytest.raises(ValueError, match=r"tp=0 must be a positive integer"):
         mesh.layout(dp=2, tp=0)
     with pytest.raises(ValueError, match=r"dp=1.5 must be a positive integer"):

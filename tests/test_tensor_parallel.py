@@ -12,17 +12,21 @@ size: plain and sequence-parallel, float64 and float32. A hang would end with th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from distlab import launch, mesh
+from distlab.comm_log import comm_log
 from distlab.mesh import group_size
 from distlab.models import GPT, GPTConfig
 from distlab.tensor_parallel import cost_model
 from distlab.tensor_parallel import exercises as ex
 from distlab.tensor_parallel.bench import time_mlp_step
-from distlab.tensor_parallel.comm import CommRecorder, f, g, reduce_scatter_seq
+from distlab.tensor_parallel.comm import f, g, reduce_scatter_seq
 from distlab.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -136,7 +140,8 @@ def bad_inputs(config: GPTConfig) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def runs() -> dict[int, list[dict]]:
-    out = {1: [_all_checks(CONFIG)]}  # one rank needs no launch: every collective is the identity
+    with _one_rank_world():  # one rank needs no launch: a world of one rank in this process
+        out = {1: [_all_checks(CONFIG)]}
     out.update({p: launch.run(_all_checks, p, CONFIG, timeout=90) for p in (2, 3, 4)})
     return out
 
@@ -278,15 +283,26 @@ def test_predicted_time_follows_the_ring_cost_model():
     assert cost_model.layer_time(1, 8, 16, 4, m) == pytest.approx(4 * (6e-5 + 1.5 * 1 * 8 * 16 * 2 * 1e-9))
 
 
+@contextlib.contextmanager
+def _one_rank_world() -> Iterator[None]:
+    """torch.distributed in this process, as a world of one rank (what a log needs to see the calls)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def test_single_process_group_needs_no_torch_distributed():
     torch.manual_seed(0)
     dense = GPT(CONFIG).double()
-    rec = CommRecorder()
-    model = ParallelGPT.from_dense(dense, recorder=rec)
+    model = ParallelGPT.from_dense(dense)
     assert (model.tp_rank, model.tp_size) == (0, 1)
     idx = torch.randint(CONFIG.vocab_size, (BATCH, SEQ))
     assert torch.equal(model(idx)[0], dense(idx)[0])
-    assert [r.op for r in rec.records] == ["all_reduce"] * (1 + 2 * CONFIG.n_layer)  # recorded, not run
+    with _one_rank_world(), comm_log() as log:  # on a world of one rank the same calls run, and are logged
+        assert torch.equal(model(idx)[0], dense(idx)[0])
+    assert [r.op for r in log.records] == ["all_reduce"] * (1 + 2 * CONFIG.n_layer)
 
 
 def test_shard_of_c_attn_splits_q_k_v_by_heads():
@@ -396,10 +412,14 @@ def test_exercise_check_passes_a_right_student_and_rejects_bad_arguments():
 
 
 def test_f_and_g_are_identity_on_one_process():
-    rec = CommRecorder()
     x = torch.randn(3, requires_grad=True)
-    y = g(f(x, recorder=rec, where="in"), recorder=rec, where="out")
+    y = g(f(x, where="in"), where="out")
     y.sum().backward()
     assert torch.equal(y, x) and torch.equal(x.grad, torch.ones(3))
-    assert [(r.op, r.phase, r.where) for r in rec.records] == [("all_reduce", "forward", "out"),
+    x.grad = None
+    with _one_rank_world(), comm_log() as log:
+        y = g(f(x, where="in"), where="out")
+        y.sum().backward()
+    assert torch.equal(y, x) and torch.equal(x.grad, torch.ones(3))
+    assert [(r.op, r.phase, r.where) for r in log.records] == [("all_reduce", "forward", "out"),
                                                                ("all_reduce", "backward", "in")]

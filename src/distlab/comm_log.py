@@ -35,9 +35,14 @@ What each record holds:
 - `phase`: "backward" when the call runs inside autograd's backward pass, else "forward" (a `where`
   may set it for work that belongs to a phase but runs outside autograd, e.g. a gradient reduction).
 - `peer`: for send and recv, the other rank's position in the group.
+- `own_bytes`: for all_to_all, the bytes of this rank's chunk to itself, which never leave it; its
+  `sent_bytes` is then exactly B - own_bytes, also for uneven splits (ring_bytes' (p-1)/p B when even).
 
 Logs nest: an inner log and an outer one both record a call. A log lives in one process; in ranks
-started by `distlab.launch.run`, open it inside the function each rank runs.
+started by `distlab.launch.run`, open it inside the function each rank runs. Like every dispatch mode
+(and `CommDebugMode`) it is thread-local: it sees the calls of its thread and of autograd's backward
+pass, but not a collective issued from another thread, such as the second all-reduce of PyTorch's
+PowerSGD hook, which runs in a `Future.then` callback on the backend's thread.
 """
 
 from __future__ import annotations
@@ -103,11 +108,17 @@ class CommRecord:
     phase: str = "forward"
     dtype: str = ""
     peer: int | None = None
+    own_bytes: int | None = None
 
     @property
     def sent_bytes(self) -> float:
-        """What this rank sends for this call under the ring algorithm (`ring_bytes`); 0 for a recv."""
-        return 0.0 if self.op == "recv" else ring_bytes(self.op, self.nbytes, self.group_size)
+        """What this rank sends for this call under the ring algorithm (`ring_bytes`); 0 for a recv; for
+        an all_to_all whose own chunk is known, exactly what leaves the rank."""
+        if self.op == "recv":
+            return 0.0
+        if self.op == "all_to_all" and self.own_bytes is not None:
+            return float(self.nbytes - self.own_bytes)
+        return ring_bytes(self.op, self.nbytes, self.group_size)
 
 
 def _size(tensors: object) -> tuple[int, int, str]:
@@ -147,6 +158,12 @@ _FUNCTIONAL = {
     "broadcast_": ("broadcast", False),
 }
 _P2P = ("send", "recv_")
+
+
+def _own_chunk(x: Tensor, input_splits: list[int] | None, rank: int, p: int) -> int:
+    """Bytes of the rows of `x` that an all_to_all_single keeps on this rank (its split, or 1/p)."""
+    rows = input_splits[rank] if input_splits else x.shape[0] // p
+    return rows * (x.numel() // max(x.shape[0], 1)) * x.element_size()
 
 
 def _group_of(args: tuple) -> dist.ProcessGroup:
@@ -224,11 +241,12 @@ class CommLog(TorchDispatchMode):
             self._record_functional(func._opname, args)
         return func(*args, **kwargs)
 
-    def _add(self, op: str, group_name: str, p: int, size: tuple[int, int, str], peer: int | None) -> None:
+    def _add(self, op: str, group_name: str, p: int, size: tuple[int, int, str], peer: int | None = None,
+             own: int | None = None) -> None:
         where_, phase = self._where_and_phase()
         nbytes, numel, dtype = size
         self.records.append(CommRecord(op, self._axis(group_name), p, nbytes, numel, where_, phase, dtype,
-                                       peer))
+                                       peer, own))
 
     def _record_c10d(self, name: str, args: tuple) -> None:
         op, index, times_p = _C10D[name]
@@ -238,7 +256,12 @@ class CommLog(TorchDispatchMode):
         if times_p:
             size = (size[0] * p, size[1] * p, size[2])
         peer = args[2] if name in _P2P else None
-        self._add(op, group.group_name, p, size, peer)
+        own = None
+        if name == "alltoall_":
+            own = _size(args[1][group.rank()])[0]
+        elif name == "alltoall_base_":
+            own = _own_chunk(args[1], args[4], group.rank(), p)
+        self._add(op, group.group_name, p, size, peer, own)
 
     def _record_functional(self, name: str, args: tuple) -> None:
         op, times_p = _FUNCTIONAL[name]
@@ -247,7 +270,11 @@ class CommLog(TorchDispatchMode):
         size = _size(args[0])
         if times_p:
             size = (size[0] * p, size[1] * p, size[2])
-        self._add(op, group_name, p, size, None)
+        own = None
+        if name == "all_to_all_single":
+            rank = dist.get_rank(dist.distributed_c10d._resolve_process_group(group_name))
+            own = _own_chunk(args[0], args[2], rank, p)
+        self._add(op, group_name, p, size, None, own)
 
     # -- queries --------------------------------------------------------------------------------------
 

@@ -1,23 +1,26 @@
-"""One grid of process groups for the whole course: a torch `DeviceMesh` with named dims.
+"""One grid of process groups for the whole course: a torch `DeviceMesh` with named axes.
 
 Every parallelism in the course works inside one *group* of ranks and takes it as an argument
 (`group=`). Where those groups come from is this file: the job's ranks are laid out as an
-n-dimensional grid, one dim per kind of parallelism, and the ranks that differ only along dim `d` form
-one group of `d`. With 8 ranks as (dp=2, pp=2, tp=2):
+n-dimensional grid, one axis per kind of parallelism, and the ranks that differ only along axis `a` form
+one group of `a`. (A mesh *axis* is one kind of parallelism; a *dim* is a tensor's dimension, as in
+torchtitan.) With 8 ranks as (dp=2, pp=2, tp=2):
 
     pp=0: dp=0 -> ranks 0 1   (tp pairs: {0,1} {2,3} {4,5} {6,7})
           dp=1 -> ranks 2 3   (dp pairs: {0,2} {1,3} {4,6} {5,7})
     pp=1: dp=0 -> ranks 4 5   (pp pairs: {0,4} {1,5} {2,6} {3,7})
           dp=1 -> ranks 6 7
 
-The dims are always laid out in the order of `DIM_ORDER`, outermost first: tensor parallelism is the
-innermost dim, so its ranks are consecutive and sit on one node (its all-reduces are on the critical
+The axes are always laid out in the order of `AXIS_ORDER`, outermost first: tensor parallelism is the
+innermost axis, so its ranks are consecutive and sit on one node (its all-reduces are on the critical
 path and want NVLink), and pipeline parallelism is the outermost, so its point-to-point traffic is the
 one that crosses nodes (Narayanan et al. 2021, sec. 3.2-3.3; torchtitan lays out its mesh the same way).
 
 `grid` builds the mesh with `torch.distributed.device_mesh.init_device_mesh`, the object FSDP2, DTensor
 and torch.distributed.pipelining build on. It runs on gloo (device "cpu") as well as NCCL ("cuda"). Take
-a dim's group with `mesh["tp"].get_group()` and pass it to a chapter's API.
+an axis's group with `mesh["tp"].get_group()` and pass it to a chapter's API. `flat_group` joins several
+axes into one group (DeviceMesh flattening), and `dp_cp_group` is the one the loss is averaged and the
+gradients are reduced over once the sequence is split too (context parallelism): dp x cp.
 
 `layout` computes the same grid without any process group, for pictures, exercises and tests.
 `group_rank` and `group_size` are what every chapter asks of the group it was given.
@@ -33,25 +36,25 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 # Outermost first. pp: pipeline stages; dp: data-parallel replicas (and ZeRO shards); ep: expert
 # parallelism; cp: context parallelism (the sequence split over ranks); tp: tensor (and sequence) parallelism.
-DIM_ORDER = ("pp", "dp", "ep", "cp", "tp")
+AXIS_ORDER = ("pp", "dp", "ep", "cp", "tp")
 
 
-def _sizes(dims: dict[str, int | None], world_size: int | None) -> dict[str, int]:
-    """The dims that were given, in DIM_ORDER, checked; no dim given means dp = the whole world."""
-    chosen = {name: dims[name] for name in DIM_ORDER if dims.get(name) is not None}
+def _sizes(axes: dict[str, int | None], world_size: int | None) -> dict[str, int]:
+    """The axes that were given, in AXIS_ORDER, checked; no axis given means dp = the whole world."""
+    chosen = {name: axes[name] for name in AXIS_ORDER if axes.get(name) is not None}
     for name, size in chosen.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name}={size!r} must be a positive integer (the number of ranks along the "
-                             f"{name} dim); use {name}=1 to keep the dim without splitting over it")
+                             f"{name} axis); use {name}=1 to keep the axis without splitting over it")
     if not chosen:
         if world_size is None:
-            raise ValueError("name at least one dim, e.g. layout(dp=2, tp=2)")
+            raise ValueError("name at least one axis, e.g. layout(dp=2, tp=2)")
         chosen = {"dp": world_size}
     if world_size is not None and math.prod(chosen.values()) != world_size:
         given = ", ".join(f"{n}={s}" for n, s in chosen.items())
         product = " x ".join(str(s) for s in chosen.values())
         raise ValueError(f"grid({given}) needs {product} = {math.prod(chosen.values())} ranks, but the job "
-                         f"has world_size={world_size}; choose dim sizes whose product is {world_size}")
+                         f"has world_size={world_size}; choose axis sizes whose product is {world_size}")
     return chosen
 
 
@@ -79,26 +82,26 @@ def group_rank(group: dist.ProcessGroup | None = None, what: str = "process grou
 
 def layout(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
            cp: int | None = None, ep: int | None = None) -> dict[str, list[list[int]]]:
-    """The groups of every dim, as lists of global ranks, computed without torch.distributed.
+    """The groups of every axis, as lists of global ranks, computed without torch.distributed.
 
     `layout(dp=2, tp=2)` is {"dp": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}: rank r's coordinates are
-    the row-major digits of r over the dims in DIM_ORDER, exactly as `grid` (DeviceMesh) numbers them.
+    the row-major digits of r over the axes in AXIS_ORDER, exactly as `grid` (DeviceMesh) numbers them.
     """
     sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}, None)
     ranks = torch.arange(math.prod(sizes.values())).reshape(*sizes.values())
     groups = {}
-    for axis, name in enumerate(sizes):
-        lines = ranks.movedim(axis, -1).reshape(-1, sizes[name])
+    for dim, name in enumerate(sizes):  # the axis `name` is dimension `dim` of the tensor of ranks
+        lines = ranks.movedim(dim, -1).reshape(-1, sizes[name])
         groups[name] = sorted(line.tolist() for line in lines)
     return groups
 
 
 def coordinates(rank: int, **sizes: int) -> dict[str, int]:
-    """Rank `rank`'s position along each dim of a grid of `sizes` (e.g. coordinates(5, dp=2, tp=4))."""
+    """Rank `rank`'s position along each axis of a grid of `sizes` (e.g. coordinates(5, dp=2, tp=4))."""
     chosen = _sizes(dict(sizes), None)
-    unknown = sorted(set(sizes) - set(DIM_ORDER))
+    unknown = sorted(set(sizes) - set(AXIS_ORDER))
     if unknown:
-        raise ValueError(f"unknown dim(s) {unknown}; the dims are {list(DIM_ORDER)}")
+        raise ValueError(f"unknown axis (axes) {unknown}; the axes are {list(AXIS_ORDER)}")
     total = math.prod(chosen.values())
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < total:
         raise ValueError(f"rank={rank!r} is outside the grid of {total} ranks (0 .. {total - 1})")
@@ -110,10 +113,10 @@ def coordinates(rank: int, **sizes: int) -> dict[str, int]:
 
 def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None, cp: int | None = None,
          ep: int | None = None, device_type: str | None = None) -> DeviceMesh:
-    """The job's ranks as a DeviceMesh with named dims, e.g. `grid(dp=2, tp=2)` on 4 ranks.
+    """The job's ranks as a DeviceMesh with named axes, e.g. `grid(dp=2, tp=2)` on 4 ranks.
 
-    Only the dims you name are in the mesh (size 1 is allowed, and keeps the dim so that code can always
-    ask for `mesh["tp"]`); with none named, the mesh is one dim "dp" over the whole world. The product
+    Only the axes you name are in the mesh (size 1 is allowed, and keeps the axis so that code can always
+    ask for `mesh["tp"]`); with none named, the mesh is one axis "dp" over the whole world. The product
     of the sizes must equal the world size. `device_type` defaults to "cuda" under NCCL and "cpu" under
     gloo. Call it on every rank, in the same order as every other collective: creating the groups is
     itself a collective operation.
@@ -128,8 +131,36 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
     return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 
+def flat_group(mesh: DeviceMesh, *axes: str) -> dist.ProcessGroup:
+    """This rank's group over several axes of `mesh` at once (all of them when none is named): the ranks
+    that differ only along `axes`, flattened into one group named "_".join(axes) in mesh order
+    (DeviceMesh flattening, as torchtitan builds its "dp_cp" mesh). One axis is that axis's own group.
+    Call it on every rank: the first call creates the group, a collective operation."""
+    names = tuple(mesh.mesh_dim_names or ())
+    unknown = [a for a in axes if a not in names]
+    if unknown:
+        raise ValueError(f"axes={list(axes)}: {unknown} are not axes of the mesh, whose axes are "
+                         f"{list(names)}; name axes the mesh has")
+    chosen = tuple(a for a in names if a in axes) if axes else names
+    if len(chosen) == 1:
+        return mesh[chosen[0]].get_group()
+    return mesh[chosen]._flatten("_".join(chosen)).get_group()
+
+
+def dp_cp_group(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """The group over which the loss is averaged and the gradients are reduced when a batch is split
+    both by sequences (dp) and along each sequence (cp): dp x cp flattened, the ranks that hold the same
+    weights but different tokens (Dubey et al. 2024, sec. 3.3.2 reduce gradients over cp and dp
+    together). A mesh without a cp axis gives its dp group, one without dp its cp group."""
+    present = [a for a in ("dp", "cp") if a in (mesh.mesh_dim_names or ())]
+    if not present:
+        raise ValueError(f"the mesh has axes {list(mesh.mesh_dim_names or ())} and neither dp nor cp; build "
+                         "it with distlab.mesh.grid(dp=..., cp=...)")
+    return flat_group(mesh, *present)
+
+
 def describe(mesh: DeviceMesh) -> str:
-    """One line per dim: its size and its groups as global ranks (what a lab prints to show the mesh)."""
+    """One line per axis: its size and its groups as global ranks (what a lab prints to show the mesh)."""
     names = mesh.mesh_dim_names or ()
     sizes = {name: mesh.size(i) for i, name in enumerate(names)}
     lines = []

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from distlab.comm_log import ring_bytes
+
 BUILTIN = "torch"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "scatter",
                "gather")
@@ -29,11 +31,9 @@ def busbw_factor(collective: str, n: int) -> float:
         raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} must be a positive integer number of ranks, e.g. 4")
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
     if collective in ("broadcast", "reduce"):
-        return 1.0
-    return (n - 1) / n
+        return 1.0  # nccl-tests' convention, for every n
+    return ring_bytes(collective, 1.0, n)  # the bytes a rank sends per byte of the buffer, with a ring
 
 
 @dataclass(frozen=True)

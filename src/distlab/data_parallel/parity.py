@@ -47,7 +47,7 @@ def train_on_mesh_dim(task: Task, dims: dict[str, int], dim: str = "dp", seeds: 
     grid = mesh.grid(**dims)
     group = grid[dim].get_group()
     coords = mesh.coordinates(dist.get_rank(), **dims)
-    others = [name for name in mesh.DIM_ORDER if name in dims and name != dim]
+    others = [name for name in mesh.AXIS_ORDER if name in dims and name != dim]
     job = 0
     for name in others:  # the index of this rank's group among the groups of `dim`, row-major
         job = job * dims[name] + coords[name]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from distlab import catalog
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
+from distlab.comm_log import ring_bytes
 from distlab.hardware.cost_model import bottleneck, predict_all_reduce
 from distlab.hardware.topology import Cluster, Latencies, server_topology
 
@@ -57,7 +58,7 @@ def two_level_ring_time(server: str, nodes: int, nbytes: float, mistakes: tuple[
     b_nic = spec.nic_Gbps / 8 * 1e9 * spec.nics / m  # per GPU: NICs shared when there are fewer than GPUs
     b_intra *= 2 if "bidirectional" in mistakes else 1
     b_nic *= 8 if "bits" in mistakes else 1
-    f_intra, f_inter = 2 * (m - 1) / m, 2 * (big_n - 1) / big_n
+    f_intra, f_inter = ring_bytes("all_reduce", 1.0, m), ring_bytes("all_reduce", 1.0, big_n)
     if "ring_factor" in mistakes:
         f_intra = f_inter = 1.0
     per_nic = nbytes if "whole_vector" in mistakes else nbytes / m

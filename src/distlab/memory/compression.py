@@ -122,13 +122,21 @@ class PowerSGD:
         return future
 
 
-def allreduce_hook(log: CommLog, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-    """Plain data parallelism as a comm hook, so that its bytes are recorded the same way."""
-    flat = bucket.buffer().clone()
-    all_reduce(flat, None, log, tag="bucket")
-    future: torch.futures.Future[Tensor] = torch.futures.Future()
-    future.set_result(flat / dist.get_world_size())
-    return future
+@dataclass
+class AllReduce:
+    """Plain data parallelism as a comm hook (`ddp.register_comm_hook(state, AllReduce.hook)`), so that
+    its bytes are recorded the same way: the bucket's average over `group` (None: the whole world)."""
+
+    group: dist.ProcessGroup | None = None
+    log: CommLog = field(default_factory=CommLog)
+
+    @staticmethod
+    def hook(state: "AllReduce", bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        flat = bucket.buffer().clone()
+        all_reduce(flat, state.group, state.log, tag="bucket")
+        future: torch.futures.Future[Tensor] = torch.futures.Future()
+        future.set_result(flat / dist.get_world_size(state.group))
+        return future
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ class CompressionResult:
 def _ddp(method: str, model: nn.Module, log: CommLog, rank: int) -> nn.Module:
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     if method == "allreduce":
-        ddp.register_comm_hook(log, allreduce_hook)
+        ddp.register_comm_hook(AllReduce(log=log), AllReduce.hook)
     elif method == "ours":
         ddp.register_comm_hook(PowerSGD(rank=rank, log=log), PowerSGD.hook)
     else:  # PyTorch's: compress from the second step on (the earliest it allows), count its all-reduces

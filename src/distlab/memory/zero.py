@@ -63,13 +63,13 @@ def check_group(group: dist.ProcessGroup | None) -> None:
                          "e.g. mesh['dp'].get_group() on every rank")
 
 
-def dp_group(mesh: DeviceMesh, dim: str = "dp") -> dist.ProcessGroup:
-    """The group of this rank along the mesh's data-parallel dim `dim`, the group ZeRO shards over."""
+def dp_group(mesh: DeviceMesh, axis: str = "dp") -> dist.ProcessGroup:
+    """The group of this rank along the mesh's data-parallel axis `axis`, the group ZeRO shards over."""
     names = mesh.mesh_dim_names or ()
-    if dim not in names:
-        raise ValueError(f"dim={dim!r} is not a dim of the mesh, whose dims are {list(names)}; build the "
-                         f"mesh with distlab.mesh.grid({dim}=..., ...) so that it has a data-parallel dim")
-    return mesh[dim].get_group()
+    if axis not in names:
+        raise ValueError(f"axis={axis!r} is not an axis of the mesh, whose axes are {list(names)}; build the "
+                         f"mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel axis")
+    return mesh[axis].get_group()
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.collectives.cost_model import MachineParams, pairwise_all_to_all_time
+from distlab.comm_log import ring_bytes
 from distlab.moe.gating import expert_capacity
 
 
@@ -63,6 +64,7 @@ def predict_all_to_all(tokens_per_rank: int, d_model: int, k: int, world_size: i
         rows = min(rows, num_experts * expert_capacity(tokens_per_rank, num_experts, k, capacity_factor))
     row_bytes = d_model * bytes_per_element
     buffer = rows * row_bytes
-    off_rank = buffer * (p - 1) / p
+    off_rank = ring_bytes("all_to_all", buffer, p)  # (p-1)/p of the buffer leaves the rank
     seconds = None if params is None else float(pairwise_all_to_all_time(buffer, p, params, headers=False))
-    return AllToAllPrediction(rows * (p - 1) / p, off_rank, buffer, 2 * off_rank, 4 * off_rank, seconds)
+    return AllToAllPrediction(ring_bytes("all_to_all", rows, p), off_rank, buffer, 2 * off_rank, 4 * off_rank,
+                              seconds)

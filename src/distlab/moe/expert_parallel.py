@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab.comm_log import where
 from distlab.mesh import group_rank, group_size
 from distlab.moe.gating import (
     Router,
@@ -186,7 +187,8 @@ class ExpertParallelMoE(nn.Module):
         output_splits = recv_counts.view(p, el).sum(1).tolist()
 
         # 2. dispatch, 3. experts, 4. combine.
-        received = all_to_all(tokens[token], output_splits, input_splits, self.group)
+        with where("dispatch"):  # the label an open distlab.comm_log gives these calls
+            received = all_to_all(tokens[token], output_splits, input_splits, self.group)
         local_expert = torch.repeat_interleave(torch.arange(el, device=x.device).repeat(p), recv_counts)
         processed = torch.zeros_like(received)
         for j, ffn in enumerate(self.experts):
@@ -195,7 +197,8 @@ class ExpertParallelMoE(nn.Module):
             # waiting in the collective).
             rows = torch.nonzero(local_expert == j, as_tuple=True)[0]
             processed = processed.index_copy(0, rows, ffn(received[rows]))
-        returned = all_to_all(processed, input_splits, output_splits, self.group)
+        with where("combine"):
+            returned = all_to_all(processed, input_splits, output_splits, self.group)
         gate = routing.gates[token, choice].unsqueeze(-1).to(x.dtype)
         y = torch.zeros_like(tokens).index_add(0, token, gate * returned)
 

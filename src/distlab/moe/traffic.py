@@ -1,9 +1,10 @@
 """What the all-to-alls of expert parallelism carry, measured on every rank and set beside the prediction.
 
 `measure_traffic` runs a few training steps of an `ExpertParallelMoE` on this rank's skewed tokens
-(`explore.skewed_tokens`) and records, per step, the bytes that left the rank in the dispatch
-all-to-all, read off the split sizes that the layer handed to `dist.all_to_all_single`; the combine
-all-to-all sends back exactly what dispatch received, and the backward pass repeats both in reverse
+(`explore.skewed_tokens`) inside a `distlab.comm_log`, and reads off, per step, the bytes that left the
+rank in the forward pass's dispatch all-to-all and in its combine all-to-all (the layer labels them
+"dispatch" and "combine"; a rank's chunk to itself never leaves it). The combine all-to-all sends back
+exactly what dispatch received, and the backward pass repeats both in reverse
 (`expert_parallel.AllToAll`). `cost_model.predict_all_to_all` gives the balanced-routing prediction, and
 the time of each step is measured between barriers. It runs on the ranks of `group` (None = the whole
 world), in `dtype` (float64 makes the routing, and so the bytes, the same on every machine: a float32
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distlab.comm_log import comm_log
 from distlab.mesh import group_rank, group_size
 from distlab.moe.cost_model import predict_all_to_all
 from distlab.moe.expert_parallel import ExpertParallelMoE
@@ -53,15 +55,19 @@ def measure_traffic(tokens_per_rank: int = 256, d_model: int = 64, d_hidden: int
     rows = []
     for step in range(steps):
         x = skewed_tokens(tokens_per_rank, d_model, skew, seed=1000 * (step + 1) + r).to(dev, dtype)
+        with comm_log() as log:  # counted apart from the timed pass: a log sends every op through Python
+            out = layer(x)
+            out.y.square().mean().backward()
+        layer.zero_grad()
         if p > 1:
             dist.barrier(group=group)
         start = time.perf_counter()
-        out = layer(x)
-        out.y.square().mean().backward()
+        layer(x).y.square().mean().backward()  # the same step again (no optimizer step in between), timed
         if dev.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         layer.zero_grad()
-        rows.append(TrafficRow(step, out.comm.bytes_sent, out.comm.bytes_received, predicted,
-                               out.routing.dropped_fraction(), seconds))
+        dispatch, combine = (int(log.sent_bytes(op="all_to_all", where=w, phase="forward"))
+                             for w in ("dispatch", "combine"))
+        rows.append(TrafficRow(step, dispatch, combine, predicted, out.routing.dropped_fraction(), seconds))
     return rows

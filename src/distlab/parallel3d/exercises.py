@@ -2,7 +2,7 @@
 
 (a) `check_coordinates(fn)`: `fn(rank, dp, pp, tp)` returns `(coords, peers)`: the rank's position
     {"dp": i, "pp": j, "tp": k} on `distlab.mesh.grid(dp=, pp=, tp=)` (dims laid out pp, dp, tp,
-    outermost first, as `DIM_ORDER` says) and, per dim, the global ranks of its group there, itself
+    outermost first, as `AXIS_ORDER` says) and, per axis, the global ranks of its group there, itself
     included, in group order. Checked on several grids against `distlab.mesh.coordinates` and `layout`.
 (b) `check_placement(fn)`: `fn(cluster, plan)` returns an order of ("dp", "pp", "tp"), outermost
     first (see `placement.assign`). It must keep every tp group inside one server, and its predicted
@@ -39,7 +39,7 @@ def _diagnose_coords(got: object, want: dict[str, int], rank: int, sizes: dict[s
     if got == {"dp": rank // (sizes["pp"] * sizes["tp"]) % sizes["dp"],
                "pp": rank // sizes["tp"] % sizes["pp"], "tp": rank % sizes["tp"]}:
         hint = ("; you laid the dims out as dp, pp, tp (dp outermost): the mesh puts pp outermost, then "
-                "dp, then tp (DIM_ORDER)")
+                "dp, then tp (AXIS_ORDER)")
     elif got == flipped:
         hint = "; the digits are read in the wrong order: tp is the innermost (fastest-changing) dim"
     return [f"rank {rank} on dp={sizes['dp']}, pp={sizes['pp']}, tp={sizes['tp']}: coords {got}, "

@@ -27,8 +27,9 @@ from distlab.mesh import group_rank, group_size
 from distlab.models import GPT
 from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.config import block_ranges
-from distlab.tensor_parallel import CommRecorder, ParallelGPT, all_gather_seq, f
+from distlab.tensor_parallel import ParallelGPT, all_gather_seq, f
 from distlab.tensor_parallel.comm import Group
+from distlab.tensor_parallel.model import placement
 
 
 class Embed(nn.Module):
@@ -51,14 +52,13 @@ class Embed(nn.Module):
 class Head(nn.Module):
     """Final LayerNorm and the tied output layer: this rank's vocabulary slice of the logits."""
 
-    def __init__(self, ln_f: nn.LayerNorm, wte: nn.Module, sequence_parallel: bool, group: Group,
-                 recorder: CommRecorder | None) -> None:
+    def __init__(self, ln_f: nn.LayerNorm, wte: nn.Module, sequence_parallel: bool, group: Group) -> None:
         super().__init__()
-        self.ln_f, self.wte, self.group, self.recorder = ln_f, wte, group, recorder
+        self.ln_f, self.wte, self.group = ln_f, wte, group
         self.enter = all_gather_seq if sequence_parallel else f
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(self.enter(self.ln_f(x), self.group, self.recorder, "lm_head"), self.wte.weight)
+        return F.linear(self.enter(self.ln_f(x), self.group, "lm_head"), self.wte.weight)
 
 
 class StageModel(nn.Module):
@@ -70,7 +70,7 @@ class StageModel(nn.Module):
         super().__init__()
         self.stage, self.pp, self.dense_shapes = stage, pp, dense_shapes
         self.blocks = block_ranges(parallel.config.n_layer, pp)[stage]
-        sp, group, rec = parallel.sequence_parallel, parallel.group, parallel.recorder
+        sp, group = parallel.sequence_parallel, parallel.group
         self.h = nn.ModuleDict({str(i): parallel.h[i] for i in self.blocks})
         self.layers: list[nn.Module] = [*self.h.values()]
         self.is_first, self.is_last = stage == 0, stage == pp - 1
@@ -81,7 +81,7 @@ class StageModel(nn.Module):
             self.layers.insert(0, Embed(parallel.wte, parallel.wpe, sp, group))
         if self.is_last:
             self.ln_f = parallel.ln_f
-            self.layers.append(Head(parallel.ln_f, parallel.wte, sp, group, rec))
+            self.layers.append(Head(parallel.ln_f, parallel.wte, sp, group))
         self.parallel = [parallel]  # a list, so that its other stages' parameters are not registered here
 
     def sequence_parallel_grads(self) -> None:
@@ -89,28 +89,23 @@ class StageModel(nn.Module):
         self.parallel[0].allreduce_sequence_parallel_grads()
 
 
-def build_stage(dense: GPT, stage: int, pp: int, tp_group: Group = None, recorder: CommRecorder | None = None,
+def build_stage(dense: GPT, stage: int, pp: int, tp_group: Group = None,
                 sequence_parallel: bool = False) -> StageModel:
     """Stage `stage` of `pp` of the dense GPT, this rank's tensor-parallel shard of it (position in
     `tp_group`), via chapter 5's `ParallelGPT.from_dense` (Narayanan et al. 2021, sec. 2-3)."""
-    parallel = ParallelGPT.from_dense(dense, group=tp_group, recorder=recorder,
-                                      sequence_parallel=sequence_parallel)
+    parallel = ParallelGPT.from_dense(dense, group=tp_group, sequence_parallel=sequence_parallel)
     shapes = {n: tuple(p.shape) for n, p in dense.named_parameters()}
     return StageModel(parallel, stage, pp, shapes)
 
 
 def tp_split(name: str) -> tuple[int | None, int]:
-    """How chapter 5's `ParallelGPT` splits the dense parameter `name` over tp, as (dim, chunks): the
-    vocabulary rows of wte and the output rows of c_fc along dim 0, the input columns of c_proj along dim
-    1; c_attn packs [q_r | k_r | v_r], so its dim 0 is cut into 3 chunks, each split over tp. By name, not
-    by shape, so that the stored layout is the same for every tp, 1 included."""
-    if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
-        return 0, 3
-    if name == "wte.weight" or name.endswith("mlp.c_fc.weight") or name.endswith("mlp.c_fc.bias"):
-        return 0, 1
-    if name.endswith("c_proj.weight"):
-        return 1, 1
-    return None, 1  # position embedding, LayerNorms, the biases of the row-parallel layers
+    """How chapter 5's `ParallelGPT` splits the dense parameter `name` over tp, as (dim, chunks): what the
+    layer that holds it declares (`tensor_parallel.model.placement`): the vocabulary rows of wte and the
+    output rows of c_fc along dim 0, the input columns of c_proj along dim 1; c_attn packs
+    [q_r | k_r | v_r], so its dim 0 is cut into 3 chunks, each split over tp; (None, 1) when replicated.
+    By name, not by shape, so that the stored layout is the same for every tp, 1 included."""
+    pl = placement(name)
+    return pl.dim, pl.chunks
 
 
 def named_shards(model: StageModel) -> list[ShardedParam]:

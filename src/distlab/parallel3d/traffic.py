@@ -1,53 +1,39 @@
-"""The bytes a 3D step sends, recorded from the calls it makes, per mesh dim and kind.
+"""The bytes a 3D step sends, read from the step's communication log, per mesh axis and kind.
 
-Three sources, one per dim, each the chapter's own record of its calls:
-- tp: chapter 5's `CommRecorder`, given to every tensor-parallel layer and to the loss;
-- pp: chapter 4's executor calls `on_send(action, tensor)` for every activation or gradient it sends,
-  and the tied embedding's gradient swap is logged where `train` calls it;
-- dp: chapter 7's `ZeRO` logs each collective in its `CommLog`.
-`StepTraffic.traffic()` turns them into the same `Transfer`s as `cost_model.predicted_traffic`, with the
-ring's bytes per rank for each collective (chapter 1) and a message's whole size for each send.
+`Trainer3D.train_step` opens one `distlab.comm_log` (with the mesh) around the step; every call the three
+chapters make is in it, named by the mesh axis of its group, and none of them carries a recorder:
+- tp: chapter 5's collectives (its layers' `f`, `g`, the sequence-parallel halves, the loss);
+- dp: chapter 7's ZeRO reduce-scatters, all-gathers and all-reduces;
+- pp: chapter 4's sends. The executor posts a rank's sends in the order of its send actions in the
+  schedule, so the k-th send on the pp axis is the k-th send action (its kind, send_fwd or send_bwd, is
+  the action's op); the tied embedding's gradient swap runs under the label "tied_grad".
+`step_traffic` turns the log into the same `Transfer`s as `cost_model.predicted_traffic`, with the ring's
+bytes per rank for each collective (chapter 1) and a message's whole size for each send.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from distlab.comm_log import CommLog
+from distlab.parallel3d.cost_model import RING_STEPS, Traffic, add_collective, add_message
+from distlab.pipeline import Schedule
 
-from torch import Tensor
-
-from distlab.memory.zero_comm import CommLog
-from distlab.parallel3d.cost_model import Traffic, add_collective, add_message
-from distlab.pipeline import Action
-from distlab.tensor_parallel import CommRecorder
+TIED_GRAD = "tied_grad"  # the label of the tied embedding's gradient swap between the first and last stage
 
 
-@dataclass
-class StepTraffic:
-    """The records of one step on one rank: tp collectives, pp messages, dp collectives (ZeRO's log)."""
-
-    tp_size: int
-    dp_size: int
-    tp: CommRecorder = field(default_factory=CommRecorder)
-    pp: list[tuple[str, int]] = field(default_factory=list)
-    dp: CommLog | None = None
-
-    def on_send(self, action: Action, tensor: Tensor) -> None:
-        """Chapter 4's executor hook: one activation (send_fwd) or gradient (send_bwd) sent."""
-        self.pp.append((action.op, tensor.numel() * tensor.element_size()))
-
-    def clear(self) -> None:
-        self.tp.clear()
-        self.pp.clear()
-        if self.dp is not None:
-            self.dp.clear()
-
-    def traffic(self) -> Traffic:
-        """The recorded calls as `Transfer`s per (dim, kind)."""
-        out: Traffic = {}
-        for r in self.tp.records:
-            add_collective(out, "tp", r.op, r.nbytes, self.tp_size)
-        for kind, nbytes in self.pp:
-            add_message(out, "pp", kind, nbytes)
-        for r in self.dp.records if self.dp is not None else []:
-            add_collective(out, "dp", r.op, r.buffer_bytes, r.group_size)
-        return out
+def step_traffic(log: CommLog, schedule: Schedule, pp_rank: int) -> Traffic:
+    """The calls `log` recorded in one step of the rank at position `pp_rank` of the pipeline, as
+    `Transfer`s per (axis, kind)."""
+    out: Traffic = {}
+    for axis in ("tp", "dp"):
+        for r in log.select(axis=axis, op=tuple(RING_STEPS)):
+            add_collective(out, axis, r.op, r.nbytes, r.group_size)
+    sends = [a for a in schedule.actions[pp_rank] if a.op.startswith("send")]
+    messages = [r for r in log.select(axis="pp", op="send") if TIED_GRAD not in r.where.split("/")]
+    if len(messages) != len(sends):
+        raise RuntimeError(f"the log holds {len(messages)} pipeline sends but the schedule has {len(sends)} "
+                           f"send actions for pipeline rank {pp_rank}; was the log open for the whole step?")
+    for action, r in zip(sends, messages, strict=True):
+        add_message(out, "pp", action.op, r.nbytes)
+    for r in log.select(axis="pp", op="send", where=TIED_GRAD):
+        add_message(out, "pp", TIED_GRAD, r.nbytes)
+    return out

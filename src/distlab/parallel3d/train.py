@@ -29,15 +29,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from distlab.comm_log import CommLog, comm_log
 from distlab.memory import ZeRO
-from distlab.mesh import group_rank
+from distlab.mesh import flat_group, group_rank
 from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
 from distlab.parallel3d.config import Plan3D, check_plan
 from distlab.parallel3d.cost_model import Traffic
 from distlab.parallel3d.model import build_stage, named_shards
-from distlab.parallel3d.traffic import StepTraffic
+from distlab.parallel3d.traffic import TIED_GRAD, step_traffic
 from distlab.pipeline import make_schedule
 from distlab.pipeline.executor import run_schedule
 from distlab.pipeline.gpt import tie_embedding_gradients
@@ -85,16 +86,16 @@ class Trainer3D:
                  seed: int = 0, lr: float = 1e-2, dtype: torch.dtype = torch.float64,
                  device: torch.device | None = None) -> None:
         check_plan(plan, config, batch, seq, dist.get_world_size())
-        self.plan, self.batch, self.dtype = plan, batch, dtype
+        self.plan, self.batch, self.dtype, self.mesh = plan, batch, dtype, mesh
         self.groups = {d: mesh[d].get_group() for d in ("dp", "pp", "tp")}
         self.coords = {d: group_rank(g) for d, g in self.groups.items()}
+        self.mesh_group = flat_group(mesh)  # every rank of the mesh: where the step's loss is reported
         self.device = device or torch.device("cpu")
-        self.rec = StepTraffic(plan.tp, plan.dp)
+        self.log: CommLog = comm_log(mesh=mesh)  # the calls of the last step
         self.model = build_stage(dense_gpt(config, seed, dtype).to(self.device), self.coords["pp"], plan.pp,
-                                 self.groups["tp"], self.rec.tp, plan.sequence_parallel)
+                                 self.groups["tp"], plan.sequence_parallel)
         self.zero = ZeRO(self.model, plan.zero_stage, self.groups["dp"], lr=lr,
                          units=list(self.model.h.values()), hook_gradients=False)
-        self.rec.dp = self.zero.log
         nccl = dist.get_backend(self.groups["pp"]) == "nccl"
         self.schedule = make_schedule(plan.schedule, plan.pp, plan.m, rendezvous_safe=nccl)
         shape = torch.Size((batch // (plan.dp * plan.m), seq // plan.tp if plan.sequence_parallel else seq,
@@ -105,35 +106,42 @@ class Trainer3D:
         self.first_grads: dict[str, Tensor] = {}
 
     def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return vocab_parallel_cross_entropy(logits, targets, self.groups["tp"], self.rec.tp)
+        return vocab_parallel_cross_entropy(logits, targets, self.groups["tp"])
 
     def train_step(self, idx: Tensor, targets: Tensor, keep_grads: bool = False) -> float | None:
         """One optimizer step on the global batch (idx, targets); this replica's loss on the last pipeline
         stage, None elsewhere. `keep_grads`: keep the dp-averaged gradients in `first_grads` (parity)."""
         plan, model, stage = self.plan, self.model, self.coords["pp"]
-        self.rec.clear()
+        self.log = log = comm_log(mesh=self.mesh)
         rows = shard(self.batch, self.coords["dp"], plan.dp)
         xs, ys = split_microbatches(idx[rows], targets[rows], plan.m)
-        run = run_schedule(self.schedule, {stage: self.module}, xs, ys, self._loss, self.shapes,
-                           self.groups["pp"], self.device, self.dtype, on_send=self.rec.on_send)
-        if plan.pp > 1 and (model.is_first or model.is_last):  # the stages in between hold no copy
-            tie_embedding_gradients(model.wte.weight, self.schedule, self.groups["pp"], stage)
-            self.rec.pp.append(("tied_grad", model.wte.weight.grad.nbytes))
-        model.sequence_parallel_grads()
+        with log:
+            run = run_schedule(self.schedule, {stage: self.module}, xs, ys, self._loss, self.shapes,
+                               self.groups["pp"], self.device, self.dtype)
+            if plan.pp > 1 and (model.is_first or model.is_last):  # the stages in between hold no copy
+                with log.where(TIED_GRAD):
+                    tie_embedding_gradients(model.wte.weight, self.schedule, self.groups["pp"], stage)
+            model.sequence_parallel_grads()
         if keep_grads:  # for the parity check only: not part of the step, not recorded
             self.first_grads = _averaged_grads(model, self.groups["dp"], plan.dp)
-        self.zero.take_gradients()
-        self.zero.step()
+        with log:
+            self.zero.take_gradients()
+            self.zero.step()
         self.zero.zero_grad()
         self.step += 1
         return sum(run.losses.values()) / plan.m if model.is_last else None
 
+    def traffic(self) -> Traffic:
+        """What this rank sent in the last step, per (axis, kind), read from the step's log."""
+        return step_traffic(self.log, self.schedule, self.coords["pp"])
+
     def global_loss(self, loss: float | None) -> float:
         """The step's loss over the whole batch, on every rank: the mean of the dp replicas' last-stage
-        losses (one all-reduce over the world; tp rank 0 of each last stage contributes)."""
+        losses (one all-reduce over the group of every rank of the mesh; tp rank 0 of each last stage
+        contributes)."""
         mine = loss is not None and self.coords["tp"] == 0
         t = torch.tensor([loss / self.plan.dp if mine else 0.0], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.mesh_group)
         return t.item()
 
     def params(self) -> list[ShardedParam]:
@@ -169,7 +177,7 @@ def train_3d(mesh: DeviceMesh, config: GPTConfig, plan: Plan3D, batches: list[tu
     params = trainer.state()
     trainer.close()
     return RankRun3D(trainer.coords, losses if trainer.model.is_last else None, trainer.first_grads, params,
-                     trainer.rec.traffic())
+                     trainer.traffic())
 
 
 def _averaged_grads(model: nn.Module, dp_group: dist.ProcessGroup, dp: int) -> dict[str, Tensor]:

@@ -65,10 +65,8 @@ class StageRunner:
 
     def __init__(self, schedule: Schedule, stages: dict[int, Stage], microbatches: Sequence[Tensor] | None,
                  targets: Sequence[Tensor] | None, input_shapes: dict[int, torch.Size], rank: int,
-                 group: dist.ProcessGroup | None, device: torch.device, dtype: torch.dtype,
-                 on_send: Callable[[Action, Tensor], None] | None = None) -> None:
+                 group: dist.ProcessGroup | None, device: torch.device, dtype: torch.dtype) -> None:
         self.schedule, self.stages, self.rank, self.device, self.dtype = schedule, stages, rank, device, dtype
-        self.on_send = on_send
         self.microbatches, self.targets, self.input_shapes = microbatches, targets, input_shapes
         self.p2p = PointToPoint(group) if dist.is_initialized() else None
         self.events: list[Event] = []
@@ -105,8 +103,6 @@ class StageRunner:
         stage, tag = self.stages[a.stage], message_tag(a, self.schedule)
         if a.op.startswith("send"):
             t = stage.activation(a.microbatch) if a.op == "send_fwd" else stage.input_gradient(a.microbatch)
-            if self.on_send is not None:
-                self.on_send(a, t)
             return Message(t, a.peer, tag, True)
         shape = self.input_shapes[a.stage + (a.op == "recv_bwd")]
         buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
@@ -154,8 +150,7 @@ class StageRunner:
 def run_schedule(schedule: Schedule, stages: dict[int, nn.Module], microbatches: Sequence[Tensor] | None,
                  targets: Sequence[Tensor] | None, loss_fn: Callable[[Tensor, Tensor], Tensor],
                  input_shapes: dict[int, torch.Size], group: dist.ProcessGroup | None = None,
-                 device: torch.device | None = None, dtype: torch.dtype = torch.float32,
-                 on_send: Callable[[Action, Tensor], None] | None = None) -> RankRun:
+                 device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> RankRun:
     """Run this rank's actions of `schedule` on its `stages` ({stage index: module}), in the pipeline's
     process `group` (None: the whole world; without torch.distributed, one rank).
 
@@ -164,8 +159,9 @@ def run_schedule(schedule: Schedule, stages: dict[int, nn.Module], microbatches:
     last stage; `input_shapes[s]` is the shape of stage s's input for one microbatch. Gradients
     accumulate in the stages' parameters' `.grad`; the caller applies the optimizer. The schedule runs
     as GPipe (Huang et al. 2019), 1F1B or interleaved 1F1B (Narayanan et al. 2019, 2021) prescribe.
-    `on_send(action, tensor)`, if given, is called for every tensor this rank sends, before it is posted
-    (chapter 9 counts the pipeline's bytes with it).
+    Its messages are posted in the order of this rank's send and receive actions, so a
+    `distlab.comm_log` open around the call sees the k-th send action as the k-th send (chapter 9 counts
+    the pipeline's bytes that way).
     """
     rank = pipeline_position(schedule, group)
     _check_stages(schedule, stages, input_shapes, rank)
@@ -178,7 +174,7 @@ def run_schedule(schedule: Schedule, stages: dict[int, nn.Module], microbatches:
     mine = {s: Stage(s, module, schedule.num_stages, schedule.m, loss_fn, split)
             for s, module in stages.items()}
     runner = StageRunner(schedule, mine, microbatches, targets, input_shapes, rank, group,
-                         device or torch.device("cpu"), dtype, on_send)
+                         device or torch.device("cpu"), dtype)
     return runner.run()
 
 

@@ -2,12 +2,13 @@
 al. 2022, sec. 4.2.2).
 
 Every layer, the model and the parity check take `group=` (the tensor-parallel process group, e.g.
-`mesh["tp"].get_group()`; None = the whole world, or one process without torch.distributed) and
-`recorder=` (a `CommRecorder`, or None); rank and size come from the group (`distlab.mesh.group_rank`,
-`group_size`). One idea per file:
+`mesh["tp"].get_group()`; None = the whole world, or one process without torch.distributed); rank and
+size come from the group (`distlab.mesh.group_rank`, `group_size`). No signature carries a recorder: a
+`distlab.comm_log` opened around a step records every collective, labelled with the layer's name. One
+idea per file:
 
-- `comm`: `CommRecorder` and the autograd-aware operators `f`, `g`,
-  `all_gather_seq`, `reduce_scatter_seq` and `gather_last_dim`.
+- `comm`: the autograd-aware operators `f`, `g`, `all_gather_seq`, `reduce_scatter_seq` and
+  `gather_last_dim`.
 - `layers`: `ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding`,
   `vocab_parallel_cross_entropy`, and the checks of sizes and token ids with their error messages.
 - `model`: `ParallelMLP`, `ParallelSelfAttention`, `ParallelBlock`, `ParallelGPT`, and moving weights
@@ -21,8 +22,6 @@ Every layer, the model and the parity check take `group=` (the tensor-parallel p
 """
 
 from distlab.tensor_parallel.comm import (
-    CommRecord,
-    CommRecorder,
     all_gather_seq,
     f,
     g,
@@ -47,8 +46,6 @@ from distlab.tensor_parallel.parity import TPParityReport, compare_with_dense
 
 __all__ = [
     "ColumnParallelLinear",
-    "CommRecord",
-    "CommRecorder",
     "ParallelBlock",
     "ParallelGPT",
     "ParallelMLP",

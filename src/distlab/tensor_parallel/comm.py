@@ -17,71 +17,41 @@ splitting the activations *along the sequence* outside the tensor-parallel regio
 looking at a sharded tensor whole, e.g. the logits in a test.
 
 Every operator takes the tensor-parallel `group` (a `torch.distributed.ProcessGroup`; None = the whole
-world, or a single process when torch.distributed is not initialised) and an optional `CommRecorder`
-that logs each collective (name, direction, element count, bytes). Rank and size always come from the
-group itself (`group_rank`, `group_size`), so they are positions in the group, never global ranks.
-Nothing is global: two models in one process can use two groups and two recorders.
+world, or a single process when torch.distributed is not initialised) and a `where` label, the name of
+the layer that calls it. Nothing here counts bytes: every collective runs under
+`distlab.comm_log.where(label)`, so an open `comm_log` records it (op, bytes, phase, label) and nothing
+happens when none is open. When torch.distributed is initialised the collective runs even on a group of
+one rank (where it changes nothing), so that a log sees the same calls for every p. Rank and size always
+come from the group itself (`group_rank`, `group_size`), so they are positions in the group, never
+global ranks.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distlab.comm_log import where as labelled
 from distlab.mesh import group_rank, group_size
 
 Group = dist.ProcessGroup | None
 
 
-@dataclass(frozen=True)
-class CommRecord:
-    """One collective call: `op` ("all_reduce", "all_gather", "reduce_scatter"), `phase` ("forward" or
-    "backward"), `where` (the layer that called it), `numel` elements of the *whole* tensor the
-    collective is about (the reduced tensor, or the gathered result: the convention of chapter 1) and
-    its size in bytes."""
-
-    op: str
-    phase: str
-    where: str
-    numel: int
-    nbytes: int
+def _runs() -> bool:
+    """Whether collectives run: inside a job with torch.distributed (any group size); not in a plain
+    process, where every group is this process alone and each collective is the identity."""
+    return dist.is_initialized()
 
 
-@dataclass
-class CommRecorder:
-    """Collects a `CommRecord` for every collective run by a layer or operator given this recorder."""
-
-    records: list[CommRecord] = field(default_factory=list)
-
-    def log(self, op: str, phase: str, where: str, tensor: Tensor) -> None:
-        self.records.append(CommRecord(op, phase, where, tensor.numel(),
-                                       tensor.numel() * tensor.element_size()))
-
-    def clear(self) -> None:
-        self.records.clear()
-
-    def total_bytes(self, phase: str | None = None, op: str | None = None) -> int:
-        """Bytes of the whole tensors handed to collectives, optionally for one phase and/or op."""
-        return sum(r.nbytes for r in self.records
-                   if (phase is None or r.phase == phase) and (op is None or r.op == op))
-
-
-def _log(recorder: CommRecorder | None, op: str, phase: str, where: str, x: Tensor) -> None:
-    if recorder is not None:
-        recorder.log(op, phase, where, x)
-
-
-def all_reduce(x: Tensor, group: Group, recorder: CommRecorder | None, phase: str, where: str,
+def all_reduce(x: Tensor, group: Group, where: str = "",
                op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
     """Sum (or `op`) of `x` over the group, out of place."""
-    _log(recorder, "all_reduce", phase, where, x)
-    if group_size(group) == 1:
+    if not _runs():
         return x
     x = x.contiguous().clone()
-    dist.all_reduce(x, op=op, group=group)
+    with labelled(where):
+        dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -93,31 +63,26 @@ def _check_splits(x: Tensor, dim: int, size: int, where: str) -> None:
                          f"every rank an equal slice: use a length that is a multiple of {size}")
 
 
-def all_gather(x: Tensor, dim: int, group: Group, recorder: CommRecorder | None, phase: str,
-               where: str) -> Tensor:
+def all_gather(x: Tensor, dim: int, group: Group, where: str = "") -> Tensor:
     """Concatenate every rank's `x` along `dim`, in group-rank order."""
-    size = group_size(group)
-    if size == 1:
-        _log(recorder, "all_gather", phase, where, x)
+    if not _runs():
         return x
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    out = torch.cat(parts, dim=dim)
-    _log(recorder, "all_gather", phase, where, out)
-    return out
+    parts = [torch.empty_like(x) for _ in range(group_size(group))]
+    with labelled(where):
+        dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
 
 
-def reduce_scatter(x: Tensor, dim: int, group: Group, recorder: CommRecorder | None, phase: str,
-                   where: str) -> Tensor:
+def reduce_scatter(x: Tensor, dim: int, group: Group, where: str = "") -> Tensor:
     """Sum `x` over the group and keep this rank's 1/size slice of `dim`."""
     size = group_size(group)
     _check_splits(x, dim, size, where)
-    _log(recorder, "reduce_scatter", phase, where, x)
-    if size == 1:
+    if not _runs():
         return x
     parts = [c.contiguous() for c in x.chunk(size, dim=dim)]
     out = torch.empty_like(parts[group_rank(group)])
-    dist.reduce_scatter(out, parts, group=group)
+    with labelled(where):
+        dist.reduce_scatter(out, parts, group=group)
     return out
 
 
@@ -130,99 +95,89 @@ def split(x: Tensor, dim: int, group: Group) -> Tensor:
 
 class _F(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: Group, recorder: CommRecorder | None,  # type: ignore[override]
-                where: str) -> Tensor:
-        ctx.group, ctx.recorder, ctx.where = group, recorder, where
+    def forward(ctx, x: Tensor, group: Group, where: str) -> Tensor:  # type: ignore[override]
+        ctx.group, ctx.where = group, where
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return all_reduce(grad, ctx.group, ctx.recorder, "backward", ctx.where), None, None, None
+        return all_reduce(grad, ctx.group, ctx.where), None, None
 
 
 class _G(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: Group, recorder: CommRecorder | None,  # type: ignore[override]
-                where: str) -> Tensor:
-        return all_reduce(x, group, recorder, "forward", where)
+    def forward(ctx, x: Tensor, group: Group, where: str) -> Tensor:  # type: ignore[override]
+        return all_reduce(x, group, where)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return grad, None, None, None
+        return grad, None, None
 
 
 class _AllGatherSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: Group, recorder: CommRecorder | None,  # type: ignore[override]
-                where: str, dim: int) -> Tensor:
-        ctx.group, ctx.recorder, ctx.where, ctx.dim = group, recorder, where, dim
-        return all_gather(x, dim, group, recorder, "forward", where)
+    def forward(ctx, x: Tensor, group: Group, where: str, dim: int) -> Tensor:  # type: ignore[override]
+        ctx.group, ctx.where, ctx.dim = group, where, dim
+        return all_gather(x, dim, group, where)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        grad = reduce_scatter(grad, ctx.dim, ctx.group, ctx.recorder, "backward", ctx.where)
-        return grad, None, None, None, None
+        return reduce_scatter(grad, ctx.dim, ctx.group, ctx.where), None, None, None
 
 
 class _ReduceScatterSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: Group, recorder: CommRecorder | None,  # type: ignore[override]
-                where: str, dim: int) -> Tensor:
-        ctx.group, ctx.recorder, ctx.where, ctx.dim = group, recorder, where, dim
-        return reduce_scatter(x, dim, group, recorder, "forward", where)
+    def forward(ctx, x: Tensor, group: Group, where: str, dim: int) -> Tensor:  # type: ignore[override]
+        ctx.group, ctx.where, ctx.dim = group, where, dim
+        return reduce_scatter(x, dim, group, where)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        grad = all_gather(grad, ctx.dim, ctx.group, ctx.recorder, "backward", ctx.where)
-        return grad, None, None, None, None
+        return all_gather(grad, ctx.dim, ctx.group, ctx.where), None, None, None
 
 
 class _GatherLastDim(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: Group, recorder: CommRecorder | None,  # type: ignore[override]
-                where: str) -> Tensor:
+    def forward(ctx, x: Tensor, group: Group, where: str) -> Tensor:  # type: ignore[override]
         ctx.group = group
-        return all_gather(x, x.dim() - 1, group, recorder, "forward", where)
+        return all_gather(x, x.dim() - 1, group, where)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return split(grad, grad.dim() - 1, ctx.group), None, None, None
+        return split(grad, grad.dim() - 1, ctx.group), None, None
 
 
-def f(x: Tensor, group: Group = None, recorder: CommRecorder | None = None, where: str = "") -> Tensor:
+def f(x: Tensor, group: Group = None, where: str = "") -> Tensor:
     """Identity forward, all-reduce backward (Shoeybi et al. 2019, sec. 3, the operator `f`).
 
     Put it where a replicated input enters a column-parallel layer: each rank's gradient with respect
     to that input is only its own columns' share, and the sum over ranks is the true gradient.
     """
-    return _F.apply(x, group, recorder, where)
+    return _F.apply(x, group, where)
 
 
-def g(x: Tensor, group: Group = None, recorder: CommRecorder | None = None, where: str = "") -> Tensor:
+def g(x: Tensor, group: Group = None, where: str = "") -> Tensor:
     """All-reduce forward, identity backward (Shoeybi et al. 2019, sec. 3, the operator `g`).
 
     Put it after a row-parallel layer: the ranks hold partial sums of the output, and their sum is the
     output. The gradient of a sum with respect to each term is the gradient of the sum itself.
     """
-    return _G.apply(x, group, recorder, where)
+    return _G.apply(x, group, where)
 
 
-def all_gather_seq(x: Tensor, group: Group = None, recorder: CommRecorder | None = None, where: str = "",
-                   dim: int = 1) -> Tensor:
+def all_gather_seq(x: Tensor, group: Group = None, where: str = "", dim: int = 1) -> Tensor:
     """All-gather along the sequence dimension forward, reduce-scatter backward (Korthikanti et al.
     2022, sec. 4.2.2, their `g`): takes a sequence-sharded activation into a tensor-parallel region."""
-    return _AllGatherSeq.apply(x, group, recorder, where, dim)
+    return _AllGatherSeq.apply(x, group, where, dim)
 
 
-def reduce_scatter_seq(x: Tensor, group: Group = None, recorder: CommRecorder | None = None,
-                       where: str = "", dim: int = 1) -> Tensor:
+def reduce_scatter_seq(x: Tensor, group: Group = None, where: str = "", dim: int = 1) -> Tensor:
     """Reduce-scatter along the sequence dimension forward, all-gather backward (Korthikanti et al.
     2022, sec. 4.2.2, their `g-bar`): sums the partial outputs of a row-parallel layer and leaves each
     rank its slice of the sequence."""
-    return _ReduceScatterSeq.apply(x, group, recorder, where, dim)
+    return _ReduceScatterSeq.apply(x, group, where, dim)
 
 
-def gather_last_dim(x: Tensor, group: Group = None, recorder: CommRecorder | None = None,
-                    where: str = "") -> Tensor:
+def gather_last_dim(x: Tensor, group: Group = None, where: str = "") -> Tensor:
     """All-gather the last dimension forward, keep this rank's slice of the gradient backward."""
-    return _GatherLastDim.apply(x, group, recorder, where)
+    return _GatherLastDim.apply(x, group, where)

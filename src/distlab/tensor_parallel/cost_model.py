@@ -1,7 +1,7 @@
 """The cost model of tensor parallelism: how many bytes it moves (recorded, and derived) and how long.
 
-A `CommRecorder` logs every collective that `f`, `g` and the sequence-parallel operators actually run.
-`expected_records` derives the same list from the shapes alone (Shoeybi et al. 2019, sec. 3; Korthikanti
+A `distlab.comm_log` records every collective that `f`, `g` and the sequence-parallel operators actually
+run. `expected_records` derives the same list from the shapes alone (Shoeybi et al. 2019, sec. 3; Korthikanti
 et al. 2022, sec. 4.2.2). Per transformer layer and training step, with b sequences of s tokens and
 hidden size h:
 
@@ -14,9 +14,9 @@ Around the layers: the embedding's g (forward) and the output layer's f (backwar
 three all-reduces of b x s numbers in the vocabulary-parallel cross-entropy, and with sequence
 parallelism one all-reduce of the gradients of the replicated parameters.
 
-`wire_bytes` turns a collective's size n into the bytes each rank sends with a ring (chapter 1):
-2 (p-1)/p n for an all-reduce, (p-1)/p n for an all-gather or a reduce-scatter; `predicted_time`
-prices the records with `distlab.collectives.cost_model`.
+`wire_bytes` turns a collective's size n into the bytes each rank sends with a ring (chapter 1, by
+`distlab.comm_log.ring_bytes`): 2 (p-1)/p n for an all-reduce, (p-1)/p n for an all-gather or a
+reduce-scatter; `predicted_time` prices the records with `distlab.collectives.cost_model`.
 """
 
 from __future__ import annotations
@@ -27,20 +27,21 @@ from collections.abc import Iterable
 from distlab import catalog
 from distlab.collectives import cost_model as ring_cost
 from distlab.collectives.cost_model import MachineParams
+from distlab.comm_log import CommRecord, ring_bytes
 from distlab.models import GPTConfig
-from distlab.tensor_parallel.comm import CommRecord
 
 PHASES = ("forward", "backward")
 
 
 def expected_records(config: GPTConfig, batch: int, seq: int, tp_size: int, sequence_parallel: bool = False,
                      dtype_bytes: int = 4) -> list[CommRecord]:
-    """The collectives of one forward and backward step of `ParallelGPT`, derived from the shapes."""
+    """The collectives of one forward and backward step of `ParallelGPT`, derived from the shapes, as the
+    `CommRecord`s a `comm_log` records (on the axis "tp"; dtype left unknown, "")."""
     bsh = batch * seq * config.n_embd
     out: list[CommRecord] = []
 
     def add(op: str, phase: str, where: str, numel: int) -> None:
-        out.append(CommRecord(op, phase, where, numel, numel * dtype_bytes))
+        out.append(CommRecord(op, "tp", tp_size, numel * dtype_bytes, numel, where, phase))
 
     into, out_of = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce", "all_reduce")
     # forward: the collective that leaves each region (g), and (with SP) the one that enters it
@@ -90,12 +91,10 @@ def per_layer_collectives(batch: int, seq: int, hidden: int, sequence_parallel: 
 def wire_bytes(op: str, nbytes: float, p: int) -> float:
     """Bytes each rank sends for a collective about n = `nbytes` bytes on p ranks, with a ring
     (Patarasuk & Yuan 2009; chapter 1): 2(p-1)/p n for all-reduce, (p-1)/p n for the halves."""
-    if op == "all_reduce":
-        return 2 * (p - 1) / p * nbytes
-    if op in ("all_gather", "reduce_scatter"):
-        return (p - 1) / p * nbytes
-    raise ValueError(f"op={op!r} is not a collective tensor parallelism uses; "
-                     "use 'all_reduce', 'all_gather' or 'reduce_scatter'")
+    if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        raise ValueError(f"op={op!r} is not a collective tensor parallelism uses; "
+                         "use 'all_reduce', 'all_gather' or 'reduce_scatter'")
+    return ring_bytes(op, nbytes, p)
 
 
 def layer_wire_bytes(batch: int, seq: int, hidden: int, p: int, dtype_bytes: int = 2,

@@ -1,8 +1,9 @@
 """The tensor-parallel layers of Megatron-LM (Shoeybi et al. 2019, sec. 3), one matrix split p ways.
 
 Every layer takes `group` (the tensor-parallel process group; None = the whole world, or one process
-without torch.distributed) and an optional `recorder`; p is the group's size and r this rank's position
-in it. Weights keep `nn.Linear`'s layout, (out_features, in_features), so y = x W^T + b. For a layer
+without torch.distributed); p is the group's size and r this rank's position in it. Each labels its
+collectives with its `name`, which an open `distlab.comm_log` records. Weights keep `nn.Linear`'s
+layout, (out_features, in_features), so y = x W^T + b. For a layer
 Y = X A with A = W^T:
 
 - `ColumnParallelLinear` splits A by columns (the *rows* of W): rank r holds out_features / p outputs
@@ -27,11 +28,12 @@ layer reduce-scatters its output instead of `g`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from distlab.tensor_parallel.comm import (
-    CommRecorder,
     Group,
     all_gather_seq,
     all_reduce,
@@ -84,6 +86,21 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "idx", ignore_inde
                      "tokenizer against the model's vocab_size")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How a tensor-parallel layer splits one of its parameters over the group: along tensor dimension
+    `dim` (None: the whole tensor on every rank), after cutting it into `chunks` equal parts along that
+    dimension that are split one by one (c_attn packs [q | k | v]: each is split by heads). Each layer
+    class declares its parameters' placements once (`placements`); `model.placement` reads them, and so
+    do the shard/gather functions and the checkpoints of chapter 9."""
+
+    dim: int | None
+    chunks: int = 1
+
+
+REPLICATED = Placement(None)
+
+
 def shard_rows(w: Tensor, rank: int, size: int) -> Tensor:
     """Rows [rank k, (rank+1) k) of `w`, k = rows / size: a column-parallel shard of nn.Linear's weight."""
     k = check_divisible("rows", w.shape[0], size)
@@ -101,14 +118,18 @@ class ColumnParallelLinear(nn.Module):
 
     Rank r holds `weight` = W[r k:(r+1) k] (k = out_features / p) and its bias slice, and returns its
     slice Y_r of the output (last dimension). The input passes through `f` (identity forward,
-    all-reduce backward), or, with sequence parallelism, is all-gathered along the sequence.
+    all-reduce backward), or, with sequence parallelism, is all-gathered along the sequence. `chunks`:
+    the output packs that many equal parts, each split over the ranks (3 for attention's q, k, v).
     """
 
+    placements = {"weight": Placement(0), "bias": Placement(0)}  # W's rows (outputs), the bias likewise
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group: Group = None,
-                 recorder: CommRecorder | None = None, sequence_parallel: bool = False,
-                 name: str = "column") -> None:
+                 sequence_parallel: bool = False, name: str = "column", chunks: int = 1) -> None:
         super().__init__()
-        self.group, self.recorder = group, recorder
+        if chunks != 1:
+            self.placements = {k: Placement(0, chunks) for k in self.placements}
+        self.group = group
         self.name, self.sequence_parallel = name, sequence_parallel
         local = check_divisible(f"{name}.out_features", out_features, group_size(group))
         self.weight = nn.Parameter(torch.empty(local, check_features(f"{name}.in_features", in_features)))
@@ -117,7 +138,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         enter = all_gather_seq if self.sequence_parallel else f
-        return nn.functional.linear(enter(x, self.group, self.recorder, self.name), self.weight, self.bias)
+        return nn.functional.linear(enter(x, self.group, self.name), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -130,11 +151,13 @@ class RowParallelLinear(nn.Module):
     added after the sum, so that it counts once.
     """
 
+    placements = {"weight": Placement(1), "bias": REPLICATED}  # W's columns (inputs); the bias whole
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group: Group = None,
-                 recorder: CommRecorder | None = None, sequence_parallel: bool = False,
+                 sequence_parallel: bool = False,
                  name: str = "row") -> None:
         super().__init__()
-        self.group, self.recorder = group, recorder
+        self.group = group
         self.name, self.sequence_parallel = name, sequence_parallel
         local = check_divisible(f"{name}.in_features", in_features, group_size(group))
         self.weight = nn.Parameter(torch.empty(check_features(f"{name}.out_features", out_features), local))
@@ -144,7 +167,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x_parallel: Tensor) -> Tensor:
         partial = nn.functional.linear(x_parallel, self.weight)
         leave = reduce_scatter_seq if self.sequence_parallel else g
-        y = leave(partial, self.group, self.recorder, self.name)
+        y = leave(partial, self.group, self.name)
         return y if self.bias is None else y + self.bias
 
 
@@ -157,11 +180,13 @@ class VocabParallelEmbedding(nn.Module):
     `weight` serves as the output layer when the embeddings are tied (see `model.ParallelGPT`).
     """
 
+    placements = {"weight": Placement(0)}  # the vocabulary's rows
+
     def __init__(self, vocab_size: int, embedding_dim: int, *, group: Group = None,
-                 recorder: CommRecorder | None = None, sequence_parallel: bool = False,
+                 sequence_parallel: bool = False,
                  name: str = "wte") -> None:
         super().__init__()
-        self.group, self.recorder = group, recorder
+        self.group = group
         self.name, self.sequence_parallel = name, sequence_parallel
         self.vocab_size = vocab_size
         self.per_rank = check_divisible("vocab_size", vocab_size, group_size(group))
@@ -180,7 +205,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
         leave = reduce_scatter_seq if self.sequence_parallel else g
-        return leave(rows, self.group, self.recorder, self.name)
+        return leave(rows, self.group, self.name)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -190,19 +215,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, start: int, valid: Tensor,  # type: ignore[override]
-                group: Group, recorder: CommRecorder | None, where: str) -> Tensor:
+                group: Group, where: str) -> Tensor:
         # 1. the global max of each row, for a numerically safe exponential
-        row_max = all_reduce(logits.max(dim=-1).values, group, recorder, "forward", where,
-                             op=torch.distributed.ReduceOp.MAX)
+        row_max = all_reduce(logits.max(dim=-1).values, group, where, op=torch.distributed.ReduceOp.MAX)
         shifted = logits - row_max.unsqueeze(-1)
         # 2. the target's (shifted) logit: the owner looks it up, the others contribute 0
         local = targets - start
         outside = (local < 0) | (local >= logits.shape[-1])
         picked = shifted.gather(-1, local.masked_fill(outside, 0).unsqueeze(-1)).squeeze(-1)
-        target_logit = all_reduce(picked.masked_fill(outside, 0.0), group, recorder, "forward", where)
+        target_logit = all_reduce(picked.masked_fill(outside, 0.0), group, where)
         # 3. the global sum of exponentials
         exp = shifted.exp()
-        sum_exp = all_reduce(exp.sum(dim=-1), group, recorder, "forward", where)
+        sum_exp = all_reduce(exp.sum(dim=-1), group, where)
         loss = (sum_exp.log() - target_logit).masked_fill(~valid, 0.0)  # -log softmax(target), per token
         softmax = exp / sum_exp.unsqueeze(-1)
         ctx.save_for_backward(softmax, local, outside, valid)
@@ -215,11 +239,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         hit = (~outside).unsqueeze(-1).to(grad.dtype)
         grad.scatter_add_(-1, local.masked_fill(outside, 0).unsqueeze(-1), -hit)
         scale = torch.where(valid, grad_loss, 0.0).unsqueeze(-1)  # 0 for ignored targets, even if inf
-        return grad * scale, None, None, None, None, None, None
+        return grad * scale, None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, group: Group = None,
-                                 recorder: CommRecorder | None = None, where: str = "loss",
+def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, group: Group = None, where: str = "loss",
                                  ignore_index: int = IGNORE_INDEX) -> Tensor:
     """Mean cross-entropy of `targets` (...,) under logits split over the vocabulary: this rank holds
     logits (..., V/p) for ids [r V/p, (r+1) V/p). Three all-reduces of one number per token (max, target
@@ -236,5 +259,5 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor, group: Group =
     check_token_ids(targets, logits.shape[-1] * p, "targets", ignore_index)
     valid = targets != ignore_index
     start = group_rank(group) * logits.shape[-1]
-    loss = _VocabParallelCrossEntropy.apply(logits, targets, start, valid, group, recorder, where)
+    loss = _VocabParallelCrossEntropy.apply(logits, targets, start, valid, group, where)
     return loss.sum() / valid.sum()

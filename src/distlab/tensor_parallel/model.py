@@ -23,15 +23,17 @@ embedding, the biases added after a reduce-scatter).
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distlab.comm_log import where as labelled
 from distlab.models import GPTConfig
 from distlab.tensor_parallel.comm import (
-    CommRecorder,
     Group,
     all_gather_seq,
     all_reduce,
@@ -40,7 +42,9 @@ from distlab.tensor_parallel.comm import (
     group_size,
 )
 from distlab.tensor_parallel.layers import (
+    REPLICATED,
     ColumnParallelLinear,
+    Placement,
     RowParallelLinear,
     VocabParallelEmbedding,
     check_divisible,
@@ -67,11 +71,11 @@ def check_config(config: GPTConfig, tp_size: int) -> None:
 class ParallelMLP(nn.Module):
     """The feed-forward block split as Shoeybi et al. 2019 (sec. 3, fig. 3a) split it: column, GELU, row."""
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "mlp") -> None:
         super().__init__()
         h = config.n_embd
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.c_fc = ColumnParallelLinear(h, 4 * h, config.bias, name=f"{name}.c_fc", **comm)
         self.c_proj = RowParallelLinear(4 * h, h, config.bias, name=f"{name}.c_proj", **comm)
 
@@ -87,14 +91,14 @@ class ParallelSelfAttention(nn.Module):
     (c_proj, row-parallel), whose partial sums `g` adds.
     """
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "attn") -> None:
         super().__init__()
         self.local_heads = check_divisible("n_head", config.n_head, group_size(group))
         self.head_size = config.n_embd // config.n_head
         h = config.n_embd
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
-        self.c_attn = ColumnParallelLinear(h, 3 * h, config.bias, name=f"{name}.c_attn", **comm)
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
+        self.c_attn = ColumnParallelLinear(h, 3 * h, config.bias, name=f"{name}.c_attn", chunks=3, **comm)
         self.c_proj = RowParallelLinear(h, h, config.bias, name=f"{name}.c_proj", **comm)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -109,10 +113,10 @@ class ParallelSelfAttention(nn.Module):
 class ParallelBlock(nn.Module):
     """A pre-norm transformer block (as `distlab.models.Block`) with parallel attention and MLP."""
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False, name: str = "h.0") -> None:
         super().__init__()
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = ParallelSelfAttention(config, name=f"{name}.attn", **comm)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -128,7 +132,8 @@ class ParallelGPT(nn.Module):
 
     group: the tensor-parallel process group (None = the whole world, or one process without
     torch.distributed), e.g. `mesh["tp"].get_group()`; p is its size and r this rank's position in it.
-    recorder: an optional `CommRecorder` that logs every collective the model runs.
+    Its collectives are labelled with the dense names of the layers that call them ("h.0.attn.c_proj",
+    "wte", "lm_head", "loss", "sp-grads"): an open `distlab.comm_log` records them.
 
     forward(idx, targets) returns this rank's logits, of shape (B, T, vocab_size / p) for the vocabulary
     ids [r V/p, (r+1) V/p), and the mean cross-entropy (identical on every rank) when targets are
@@ -136,13 +141,13 @@ class ParallelGPT(nn.Module):
     itself (tied weights), so its gradient collects both uses, as in the dense model.
     """
 
-    def __init__(self, config: GPTConfig, *, group: Group = None, recorder: CommRecorder | None = None,
+    def __init__(self, config: GPTConfig, *, group: Group = None,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         check_config(config, group_size(group))
-        self.config, self.group, self.recorder = config, group, recorder
+        self.config, self.group = config, group
         self.sequence_parallel = sequence_parallel
-        comm = {"group": group, "recorder": recorder, "sequence_parallel": sequence_parallel}
+        comm = {"group": group, "sequence_parallel": sequence_parallel}
         self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, name="wte", **comm)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.h = nn.ModuleList(ParallelBlock(config, name=f"h.{i}", **comm) for i in range(config.n_layer))
@@ -159,10 +164,10 @@ class ParallelGPT(nn.Module):
         return group_rank(self.group)
 
     @classmethod
-    def from_dense(cls, dense: nn.Module, *, group: Group = None, recorder: CommRecorder | None = None,
+    def from_dense(cls, dense: nn.Module, *, group: Group = None,
                    sequence_parallel: bool = False) -> ParallelGPT:
         """A ParallelGPT holding this rank's shard (its position in `group`) of the dense GPT's weights."""
-        model = cls(dense.config, group=group, recorder=recorder, sequence_parallel=sequence_parallel)
+        model = cls(dense.config, group=group, sequence_parallel=sequence_parallel)
         model = model.to(next(dense.parameters()))
         shard = shard_state_dict(dense.state_dict(), dense.config, model.tp_rank, model.tp_size)
         model.load_state_dict(shard)
@@ -200,16 +205,15 @@ class ParallelGPT(nn.Module):
             x = block(x)
         x = self.ln_f(x)
         enter = all_gather_seq if self.sequence_parallel else f
-        logits = F.linear(enter(x, self.group, self.recorder, "lm_head"), self.wte.weight)  # (B, T, V/p)
+        logits = F.linear(enter(x, self.group, "lm_head"), self.wte.weight)  # (B, T, V/p)
         if targets is None:
             return logits, None
-        return logits, vocab_parallel_cross_entropy(logits, targets, self.group, self.recorder)
+        return logits, vocab_parallel_cross_entropy(logits, targets, self.group)
 
     def sequence_parallel_params(self) -> list[nn.Parameter]:
         """Replicated parameters that, under sequence parallelism, see only this rank's positions."""
-        names = [n for n, _ in self.named_parameters() if _rule(n) == "replicated"]
         params = dict(self.named_parameters())
-        return [params[n] for n in names]
+        return [params[n] for n, pl in placements(self).items() if pl.dim is None]
 
     def allreduce_sequence_parallel_grads(self) -> None:
         """Sum the gradients of `sequence_parallel_params` over the group, in one flat all-reduce
@@ -217,8 +221,8 @@ class ParallelGPT(nn.Module):
         if not self.sequence_parallel:
             return
         params = [p for p in self.sequence_parallel_params() if p.grad is not None]
-        flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), self.group, self.recorder,
-                          "backward", "sp-grads")
+        with labelled("", phase="backward"):  # part of the backward pass, though autograd has finished
+            flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), self.group, "sp-grads")
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
@@ -228,23 +232,44 @@ class ParallelGPT(nn.Module):
 # ------------------------------------------------------------------ dense <-> shards
 
 
-def _rule(name: str) -> str:
-    """How the dense parameter `name` is split: 'qkv', 'rows', 'cols', 'tied' or 'replicated'."""
-    if name == "wte.weight":
-        return "rows"  # vocabulary-parallel
-    if name == "lm_head.weight":
-        return "tied"  # the same matrix as wte.weight
-    if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
-        return "qkv"
-    if name.endswith("mlp.c_fc.weight") or name.endswith("mlp.c_fc.bias"):
-        return "rows"
-    if name.endswith("c_proj.weight"):
-        return "cols"
-    return "replicated"  # position embedding, LayerNorms, the biases of the row-parallel layers
+def placements(model: nn.Module) -> dict[str, Placement]:
+    """Every parameter of `model` by name, with the placement its layer declares (`layers.Placement`);
+    a parameter of any other module (LayerNorm, position embedding) is replicated."""
+    out = {}
+    for prefix, module in model.named_modules():
+        declared = getattr(module, "placements", {})
+        for name, _ in module.named_parameters(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = declared.get(name, REPLICATED)
+    return out
+
+
+@functools.cache
+def _declared(p: int) -> dict[str, Placement]:
+    """The placements of a one-block ParallelGPT, built on the meta device (no memory) with sizes that any
+    group of p ranks divides; its names are the dense GPT's, with block 0 standing for every block."""
+    config = GPTConfig(vocab_size=p, block_size=1, n_layer=1, n_head=p, n_embd=p)
+    with torch.device("meta"):
+        return placements(ParallelGPT(config))
+
+
+def placement(name: str) -> Placement:
+    """How ParallelGPT splits the dense GPT's parameter `name` ("h.3.attn.c_attn.weight"), as the layer
+    that holds it declares; replicated for a name no layer splits. lm_head.weight, tied to wte.weight,
+    is never stored on its own."""
+    return _declared(group_size()).get(re.sub(r"^h\.\d+\.", "h.0.", name), REPLICATED)
+
+
+def _shard(t: Tensor, pl: Placement, rank: int, size: int) -> Tensor:
+    """Rank `rank`'s share of `t` under placement `pl`: each of its `chunks` parts split along `dim`."""
+    if pl.dim is None:
+        return t.clone()
+    cut = shard_rows if pl.dim == 0 else shard_cols
+    return torch.cat([cut(part, rank, size) for part in t.chunk(pl.chunks, dim=pl.dim)], dim=pl.dim).clone()
 
 
 def shard_state_dict(state: dict[str, Tensor], config: GPTConfig, rank: int, size: int) -> dict[str, Tensor]:
-    """Rank `rank`'s share (out of `size`) of a dense GPT state dict (or of its gradients, by name).
+    """Rank `rank`'s share (out of `size`) of a dense GPT state dict (or of its gradients, by name), cut as
+    each layer declares (`placement`).
 
     Column-parallel weights keep rows, row-parallel weights keep columns (nn.Linear stores (out, in)),
     the embedding keeps its vocabulary rows, and q, k and v of c_attn are each split by heads.
@@ -252,20 +277,8 @@ def shard_state_dict(state: dict[str, Tensor], config: GPTConfig, rank: int, siz
     check_config(config, size)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank={rank!r} must be a position in the group, 0 .. {size - 1}")
-    out = {}
-    for name, t in state.items():
-        rule = _rule(name)
-        if rule == "tied":
-            continue
-        if rule == "qkv":
-            out[name] = torch.cat([shard_rows(part, rank, size) for part in t.chunk(3, dim=0)]).clone()
-        elif rule == "rows":
-            out[name] = shard_rows(t, rank, size).clone()
-        elif rule == "cols":
-            out[name] = shard_cols(t, rank, size).clone()
-        else:
-            out[name] = t.clone()
-    return out
+    return {name: _shard(t, placement(name), rank, size) for name, t in state.items()
+            if name != "lm_head.weight"}  # tied to wte.weight
 
 
 def gather_state_dict(shards: Sequence[dict[str, Tensor]], config: GPTConfig,
@@ -274,17 +287,13 @@ def gather_state_dict(shards: Sequence[dict[str, Tensor]], config: GPTConfig,
     `shard_state_dict`). Replicated entries are taken from rank 0. `tied` adds lm_head.weight."""
     out = {}
     for name in shards[0]:
-        parts = [s[name] for s in shards]
-        rule = _rule(name)
-        if rule == "qkv":
-            pieces = [p.chunk(3, dim=0) for p in parts]  # per rank: (q_r, k_r, v_r)
-            out[name] = torch.cat([torch.cat([pc[i] for pc in pieces]) for i in range(3)])
-        elif rule == "rows":
-            out[name] = torch.cat(parts, dim=0)
-        elif rule == "cols":
-            out[name] = torch.cat(parts, dim=-1)
-        else:
+        parts, pl = [s[name] for s in shards], placement(name)
+        if pl.dim is None:
             out[name] = parts[0].clone()
+            continue
+        pieces = [p.chunk(pl.chunks, dim=pl.dim) for p in parts]  # per rank: its slice of every chunk
+        out[name] = torch.cat([torch.cat([pc[i] for pc in pieces], dim=pl.dim) for i in range(pl.chunks)],
+                              dim=pl.dim)
     if tied and "wte.weight" in out:
         out["lm_head.weight"] = out["wte.weight"]
     return out

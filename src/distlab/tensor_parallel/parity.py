@@ -4,8 +4,8 @@
 weights into a `ParallelGPT` shard, runs forward and backward through both on the same batch, and
 reports the largest differences: the logits (gathered over the vocabulary), the loss, and every gradient
 (each rank's gradient against the same shard of the dense gradient). It also hands back this rank's
-weight shard and the communication the parallel step recorded, so that the caller can rebuild the dense
-weights (`gather_state_dict`) and count the bytes (`cost_model`).
+weight shard and the communication a `distlab.comm_log` recorded during the parallel step, so that the
+caller can rebuild the dense weights (`gather_state_dict`) and count the bytes (`cost_model`).
 
 The differences themselves depend on the machine (the BLAS kernels, the number of threads): a lab prints
 `verdict()`, the claim against the stated tolerance (`distlab.parity`), which does not.
@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+from distlab.comm_log import CommRecord, comm_log
 from distlab.models import GPT, GPTConfig
 from distlab.parity import ParityReport, compare
-from distlab.tensor_parallel.comm import CommRecord, CommRecorder, Group, gather_last_dim
+from distlab.tensor_parallel.comm import Group, gather_last_dim
 from distlab.tensor_parallel.model import ParallelGPT, grads_of, shard_state_dict
 
 
@@ -64,16 +66,16 @@ def compare_with_dense(config: GPTConfig, batch: int = 2, seq: int = 8, seed: in
     dense = GPT(config).to(device=device, dtype=dtype)
     idx, next_tokens = (t.to(device) for t in make_batch(config, batch, seq, seed + 1))
     targets = next_tokens if targets is None else targets.to(device)
-    recorder = CommRecorder()
-    model = ParallelGPT.from_dense(dense, group=group, recorder=recorder, sequence_parallel=sequence_parallel)
+    model = ParallelGPT.from_dense(dense, group=group, sequence_parallel=sequence_parallel)
 
     logits_ref, loss_ref = dense(idx, targets)
     loss_ref.backward()
-    recorder.clear()  # count one training step: forward and backward
-    logits, loss = model(idx, targets)
-    loss.backward()
-    model.allreduce_sequence_parallel_grads()
-    records = list(recorder.records)
+    axes = {"tp": group if group is not None else dist.group.WORLD} if dist.is_initialized() else {}
+    with comm_log(groups=axes) as log:  # one training step: forward and backward
+        logits, loss = model(idx, targets)
+        loss.backward()
+        model.allreduce_sequence_parallel_grads()
+    records = log.records
     full = gather_last_dim(logits.detach(), group)
 
     want = shard_state_dict(grads_of(dense), config, model.tp_rank, model.tp_size)
