@@ -31,8 +31,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from distlab import launch, sharding
 from distlab.cli_types import positive_int
-from distlab.memory.zero import ZeRO, default_units
-from distlab.memory.zero_parity import LR, RunResult, Task, gpt_task, group_mean
+from distlab.memory.zero.engine import ZeRO, default_units
+from distlab.memory.zero.parity import LR, RunResult, Task, gpt_task, group_mean
 
 CONTENDERS = ("zero1", "zero_redundancy", "zero3", "fsdp2")
 PAIRS = {"zero1": "zero_redundancy", "zero3": "fsdp2"}  # ours -> theirs

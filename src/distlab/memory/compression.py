@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from distlab import sharding
-from distlab.memory.zero_comm import CommLog, all_reduce
-from distlab.memory.zero_parity import Task, group_mean, mlp_task
+from distlab.memory.zero.comm import CommLog, all_reduce
+from distlab.memory.zero.parity import Task, group_mean, mlp_task
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from distlab.memory.zero_comm import CommLog
+from distlab.memory.zero.comm import CommLog
 from distlab.parallel3d.cost_model import Traffic, add_collective, add_message
 from distlab.pipeline import Action
 from distlab.tensor_parallel import CommRecorder

@@ -29,7 +29,7 @@ the shard is kept. Stage 3's schedule of all-gathers is in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,9 +37,9 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
-from distlab.memory.zero_comm import CommLog, all_gather, all_reduce, reduce_scatter
-from distlab.memory.zero_flat import AdamConfig, FlatUnit, ShardAdam
-from distlab.memory.zero_stage3 import ParameterGather
+from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
+from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
+from distlab.memory.zero.stage3 import ParameterGather
 
 STAGES = (0, 1, 2, 3)
 
@@ -95,7 +95,14 @@ class _Unit:
     host: HostShard | None = None
     grad_full: Tensor | None = None
     grad_shard: Tensor | None = None
-    ready: int = 0
+    got: list[bool] = field(default_factory=list)  # parameter j's gradient is in grad_full (this pass)
+    used: list[bool] = field(default_factory=list)  # parameter j got a gradient on this rank this step
+    passes: int = 0  # stages 2-3: reduce-scatters already summed into grad_shard this step
+
+    def forget(self) -> None:
+        self.got = [False] * len(self.layout.params)
+        self.used = list(self.got)
+        self.passes = 0
 
 
 class ZeRO:
@@ -123,7 +130,7 @@ class ZeRO:
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.config = AdamConfig(lr, tuple(betas), eps, weight_decay)
         self.log = CommLog()
-        self.in_flight: tuple[int, dist.Work] | None = None  # stages 2-3: the reduce-scatter under way
+        self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the reduce-scatter under way
         layouts, modules = self._layouts(model, default_units(model) if units is None else list(units))
         if offload:
             per_rank = layouts if self.stage else [FlatUnit(u.name, u.params, 1) for u in layouts]
@@ -167,10 +174,15 @@ class ZeRO:
         sliced = flat if self.stage == 0 else flat[layout.shard_slice(self.rank)]
         shard = sliced.clone() if self.stage == 3 else sliced
         state_dtype = torch.promote_types(flat.dtype, torch.float32)  # fp32, or fp64 for a float64 model
+        # where each parameter lies in what this rank updates (stage 0: the whole buffer)
+        segments = shard_segments(FlatUnit(layout.name, layout.params, 1) if self.stage == 0 else layout,
+                                  0 if self.stage == 0 else self.rank)
         unit = _Unit(layout, module, flat, shard, ShardAdam(0 if offload else shard.numel(), self.config,
-                                                            flat.device, state_dtype))
+                                                            flat.device, state_dtype, segments))
+        unit.forget()
         if offload:
             unit.host = HostShard(shard, self.config)
+            unit.host.adam.segments, unit.host.adam.steps = segments, [0] * len(segments)
         if self.stage <= 1:  # stages 0 and 1 keep the whole gradient, as plain DP does
             unit.grad_full = torch.zeros_like(flat)
         else:
@@ -184,10 +196,11 @@ class ZeRO:
             if unit.grad_full is None:
                 unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
             view = unit.layout.views(unit.grad_full)[j]
-            view.copy_(p.grad)
+            if p.grad.data_ptr() != view.data_ptr():  # stages 0-1 after the first pass: autograd added
+                view.add_(p.grad) if unit.got[j] else view.copy_(p.grad)  # into the view itself
             p.grad = view if self.stage <= 1 else None
-            unit.ready += 1
-            if self.stage >= 2 and unit.ready == len(unit.layout.params):
+            unit.got[j] = unit.used[j] = True
+            if self.stage >= 2 and all(unit.got):  # a second backward before step() accumulates
                 self._reduce_scatter(i)
         return hook
 
@@ -205,12 +218,13 @@ class ZeRO:
         so that at most one unit's full gradient buffer is alive besides the one being filled."""
         self._finish_reduce()
         unit = self.units[i]
-        if unit.grad_full is None:  # no parameter of the unit got a gradient this step
-            unit.grad_full = torch.zeros(unit.layout.padded_numel, device=unit.flat.device)
-        work = reduce_scatter(unit.grad_shard, unit.grad_full, self.group, self.log, tag=f"unit{i}",
-                              async_op=True)
-        self.in_flight = (i, work)
-        unit.ready = len(unit.layout.params)
+        if unit.grad_full is None:  # no parameter of the unit got a gradient in this pass
+            unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
+        into = unit.grad_shard if unit.passes == 0 else torch.empty_like(unit.grad_shard)
+        work = reduce_scatter(into, unit.grad_full, self.group, self.log, tag=f"unit{i}", async_op=True)
+        self.in_flight = (i, work, into)
+        unit.got = [False] * len(unit.layout.params)
+        unit.passes += 1
         if self.gather is not None:
             self.gather.mark_backward_done(i)
 
@@ -218,11 +232,13 @@ class ZeRO:
         """Wait for the reduce-scatter in flight, average its shard, free the full gradient."""
         if self.in_flight is None:
             return
-        i, work = self.in_flight
+        i, work, into = self.in_flight
         self.in_flight = None
         work.wait()
         unit = self.units[i]
-        unit.grad_shard.div_(self.n)
+        into.div_(self.n)
+        if into is not unit.grad_shard:  # gradient accumulation: later passes add to the first
+            unit.grad_shard.add_(into)
         unit.grad_full = None  # stages 2 and 3 keep only the shard
         if unit.host is not None:
             unit.host.grad_to_host(unit.grad_shard)
@@ -231,6 +247,12 @@ class ZeRO:
     def _averaged_grad(self, i: int) -> Tensor:
         """Unit i's gradient averaged over the group, for this rank's shard (stage 0: all of it)."""
         unit = self.units[i]
+        if self.stage <= 1:  # a parameter with no gradient this step must not add a stale one
+            if unit.grad_full is None:
+                unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
+            for view, used in zip(unit.layout.views(unit.grad_full), unit.used, strict=True):
+                if not used:
+                    view.zero_()
         if self.stage == 0:
             all_reduce(unit.grad_full, self.group, self.log, tag=f"unit{i}")
             return unit.grad_full.div_(self.n)
@@ -248,27 +270,42 @@ class ZeRO:
             self.gather.release_all()
         if self.stage >= 2:
             for i, unit in enumerate(self.units):
-                if unit.ready < len(unit.layout.params):  # a unit some parameter of which got no gradient
+                if any(unit.got) or unit.passes == 0:  # a unit some parameter of which got no gradient
                     self._reduce_scatter(i)
             self._finish_reduce()
+        active = self._active()
         for i, unit in enumerate(self.units):
             grad = self._averaged_grad(i)
             if unit.host is not None:
                 if self.stage <= 1:
                     unit.host.grad_to_host(grad)
-                unit.host.step_into(unit.shard)
+                unit.host.step_into(unit.shard, active[i])
             else:
-                unit.adam.step(unit.shard, grad)
+                unit.adam.step(unit.shard, grad, active[i])
             if self.stage in (1, 2):
                 all_gather(unit.flat, unit.shard.clone(), self.group, self.log, tag=f"unit{i}")
-            unit.ready = 0
+            unit.forget()
+
+    def _active(self) -> list[list[bool]]:
+        """Per unit and parameter: did it get a gradient on any rank this step? torch.optim skips a
+        parameter whose .grad is None; ZeRO does the same for one that got no gradient anywhere. One
+        all-reduce of a byte per parameter, a control message outside the paper's volume (not logged)."""
+        used = torch.tensor([u for unit in self.units for u in unit.used], dtype=torch.uint8)
+        flags = used.to(self.units[0].flat.device, torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        out, k = [], 0
+        for unit in self.units:
+            m = len(unit.layout.params)
+            out.append([bool(f) for f in flags[k:k + m].tolist()])
+            k += m
+        return out
 
     def zero_grad(self) -> None:
         """Forget this step's gradients (the buffers stay allocated, as DDP's buckets do)."""
         for unit in self.units:
             for p in unit.layout.params:
                 p.grad = None
-            unit.ready = 0
+            unit.forget()
 
     # -- reading the model back
     def full_parameters(self) -> dict[str, Tensor]:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from distlab import launch
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
-from distlab.memory.zero_comm import reduce_scatter
+from distlab.memory.zero.comm import reduce_scatter
 
 NUMEL = 10
 PHASES = ([[0], [1, 2, 3]], [[0, 1], [2, 3]], [[0, 1, 2, 3]])  # groups run at the same time, per phase
