@@ -23,7 +23,6 @@ import torch.distributed as dist
 from distlab import launch, mesh
 from distlab.memory import bench
 from distlab.memory.zero import parity as zero_parity
-from distlab.memory.zero.engine import ZeRO, check_stage, dp_group
 from distlab.memory.zero.accounting import (
     FP32,
     MIXED,
@@ -32,6 +31,7 @@ from distlab.memory.zero.accounting import (
     model_state_bytes,
 )
 from distlab.memory.zero.comm import ring_sent_bytes
+from distlab.memory.zero.engine import ZeRO, check_stage, dp_group
 
 STAGES = (0, 1, 2, 3)
 

@@ -65,7 +65,7 @@ def _on_ranks() -> dict:
             model = _model(dtype)
             engine = ZeRO(model, stage, lr=1e-2)
             half = slice(r * 8 // n, (r + 1) * 8 // n)
-            _train(model, engine.step, engine.zero_grad, lambda s: _batch(s, dtype)[half], plan)
+            _train(model, engine.step, engine.zero_grad, lambda s, d=dtype, h=half: _batch(s, d)[h], plan)
             out[plan, dtype, stage] = {k: v.float() for k, v in engine.full_parameters().items()}
             engine.remove()
     return out

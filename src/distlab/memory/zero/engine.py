@@ -130,7 +130,7 @@ class ZeRO:
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.config = AdamConfig(lr, tuple(betas), eps, weight_decay)
         self.log = CommLog()
-        self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the reduce-scatter under way
+        self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the one under way
         layouts, modules = self._layouts(model, default_units(model) if units is None else list(units))
         if offload:
             per_rank = layouts if self.stage else [FlatUnit(u.name, u.params, 1) for u in layouts]

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distlab import models, sharding
-from distlab.memory.zero.engine import ZeRO
 from distlab.memory.zero.accounting import measured_model_state_bytes
+from distlab.memory.zero.engine import ZeRO
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
