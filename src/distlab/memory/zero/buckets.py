@@ -62,6 +62,15 @@ class Bucket:
         if full < self.n and flat.numel() > full * s:
             flat[full * s:].copy_(block[full, :flat.numel() - full * s])
 
+    def own(self, param: Tensor, k: int, rank: int) -> Tensor:
+        """Group-rank `rank`'s slice of parameter k as a *view* of `param` (shorter, or empty, where the
+        padding would start: the padding is only ever in the buffers, never in the parameter)."""
+        if not param.is_contiguous():
+            raise ValueError(f"parameter {k} of shape {tuple(param.shape)} is not contiguous; make it so "
+                             "(p.data = p.data.contiguous()) before sharding")
+        s = self.sizes[k]
+        return param.view(-1)[min(rank * s, param.numel()):min((rank + 1) * s, param.numel())]
+
     def slice_of(self, value: Tensor, k: int, rank: int) -> Tensor:
         """Group-rank `rank`'s slice of a whole parameter-shaped `value` (padded with zeros)."""
         s, flat = self.sizes[k], value.reshape(-1)

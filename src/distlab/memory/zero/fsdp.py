@@ -57,11 +57,11 @@ class ShardedUnit:
                     params.append(p)
                 owners[id(p)].append((sub, name))
         if not params:
-            raise ValueError(f"module={type(module).__name__} has no parameters that are not already sharded; "
-                             "call fully_shard on the blocks first and on the root last, once each")
+            raise ValueError(f"module={type(module).__name__} has no parameters that are not already "
+                             "sharded; call fully_shard on the blocks first and on the root last, once each")
         if len({p.dtype for p in params}) > 1:
             raise ValueError(f"module={type(module).__name__} mixes parameter dtypes "
-                             f"{sorted(str(p.dtype) for p in set(params))}; make them one dtype (model.float())")
+                             f"{sorted({str(p.dtype) for p in params})}; make them one dtype (model.float())")
         self.bucket = Bucket(params, self.n)
         self.owners = [owners[id(p)] for p in params]
         self.compute_dtype = mp.param_dtype or params[0].dtype
@@ -231,7 +231,8 @@ def fully_shard(module: nn.Module, *, group: dist.ProcessGroup | None = None,
     `module`, whose parameters are now this rank's slices. See the module docstring."""
     check_group(group)
     if isinstance(getattr(module, "zero_unit", None), ShardedUnit):
-        raise ValueError(f"module={type(module).__name__} is already sharded; call fully_shard once per module")
+        raise ValueError(f"module={type(module).__name__} is already sharded; call fully_shard once per "
+                         "module")
     unit = ShardedUnit(module, group, mp_policy or MixedPrecisionPolicy(), reshard_after_forward)
     module.zero_unit = unit  # type: ignore[assignment]
     for sub in module.modules():  # the last call is the root: it ends every backward

@@ -47,15 +47,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  group: dist.ProcessGroup | None = None, stage: int = 1, bucket_numel: int = 1 << 22,
                  **defaults: Any) -> None:
         if stage not in (1, 2) or isinstance(stage, bool):
-            raise ValueError(f"stage={stage!r}: ShardedOptimizer is ZeRO stage 1 or 2; for stage 3 shard the "
-                             "model with distlab.memory.zero.fully_shard and give its parameters to any "
-                             "optimizer")
+            raise ValueError(f"stage={stage!r}: ShardedOptimizer is ZeRO stage 1 or 2; for stage 3 shard "
+                             "the model with distlab.memory.zero.fsdp.fully_shard and give its parameters to "
+                             "any optimizer")
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
-            raise ValueError(f"optimizer_class={optimizer_class!r} is not a torch optimizer class; pass one, "
-                             "e.g. torch.optim.AdamW")
+            raise ValueError(f"optimizer_class={optimizer_class!r} is not a torch optimizer class; pass "
+                             "one, e.g. torch.optim.AdamW")
         if optimizer_class.__name__ in SHAPE_AWARE:
-            raise ValueError(f"optimizer_class={optimizer_class.__name__} reads each parameter's shape, which "
-                             "a flat slice does not have; use an element-wise optimizer (SGD, Adam, AdamW...)")
+            raise ValueError(f"optimizer_class={optimizer_class.__name__} reads each parameter's shape, "
+                             "which a flat slice does not have; use an element-wise optimizer (SGD, Adam, "
+                             "AdamW...)")
         check_group(group)
         super().__init__(params, defaults)
         self.group, self.stage = group, stage
@@ -65,15 +66,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
         self.buckets = make_buckets(list(reversed(everything)), self.n, bucket_numel)  # backward order
         self.where: dict[int, tuple[Bucket, int]] = {}
-        self.shards: dict[int, nn.Parameter] = {}  # id(param) -> this rank's slice, what the optimizer sees
-        self.flat: list[Tensor] = []  # this rank's slices of each bucket, side by side
+        # id(param) -> this rank's slice of it, a view of the parameter itself: what the optimizer sees.
+        # Being a view, it follows the parameter when a checkpoint is loaded into the model.
+        self.shards: dict[int, nn.Parameter] = {}
         for b in self.buckets:
-            flat = torch.zeros(b.width, dtype=b.dtype, device=b.params[0].device)
             for k, p in enumerate(b.params):
-                b.local(flat, k).copy_(b.slice_of(p.detach(), k, self.rank))
                 self.where[id(p)] = (b, k)
-                self.shards[id(p)] = nn.Parameter(b.local(flat, k), requires_grad=p.requires_grad)
-            self.flat.append(flat)
+                self.shards[id(p)] = nn.Parameter(b.own(p.detach(), k, self.rank),
+                                                  requires_grad=p.requires_grad)
         inner = [{**{k: v for k, v in g.items() if k != "params"},
                   "params": [self.shards[id(p)] for p in g["params"]]} for g in self.param_groups]
         self.optim = optimizer_class(inner, **defaults)
@@ -95,7 +95,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _buffer(self, i: int) -> Tensor:
         if i not in self._grad_bufs:
             b = self.buckets[i]
-            self._grad_bufs[i] = torch.zeros(b.n, b.width, dtype=b.dtype, device=self.flat[i].device)
+            self._grad_bufs[i] = torch.zeros(b.n, b.width, dtype=b.dtype, device=b.params[0].device)
         return self._grad_bufs[i]
 
     def _hook(self, i: int, k: int):
@@ -116,7 +116,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._wait()
         buf = self._buffer(i)
         del self._grad_bufs[i]
-        out = torch.empty_like(self.flat[i])
+        b = self.buckets[i]
+        out = torch.empty(b.width, dtype=b.dtype, device=b.params[0].device)
         work = dist.reduce_scatter_single(out, buf.view(-1), group=self.group, async_op=True)
         self._pending.append((i, work, out, buf))
         self._got[i].clear()
@@ -129,7 +130,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             b = self.buckets[i]
             for k, p in enumerate(b.params):
                 shard = self.shards[id(p)]
-                piece = b.local(out, k)
+                piece = b.local(out, k)[:shard.numel()]
                 shard.grad = piece if shard.grad is None else shard.grad.add_(piece)
         self._pending.clear()
 
@@ -138,27 +139,28 @@ class ShardedOptimizer(torch.optim.Optimizer):
         Call it yourself to read or clip the averaged gradient before the step. A collective."""
         if self._reduced:
             return
-        if self.stage == 1:
-            for b in self.buckets:
-                for p in b.params:
-                    if p.grad is not None:
-                        self._used.add(id(p))
-            for i, b in enumerate(self.buckets):
+        for i, b in enumerate(self.buckets):
+            if self.stage == 1:  # pack this rank's whole gradients, then reduce-scatter them
                 buf = self._buffer(i)
                 for k, p in enumerate(b.params):
                     if p.grad is not None:
+                        self._used.add(id(p))
                         b.copy_in(buf, k, p.grad)
                 self._reduce(i)
-        else:
-            for i in range(len(self.buckets)):
-                if self._got[i] or i not in self._done:  # a partial bucket, or one that got nothing
-                    self._reduce(i)
+            elif self._got[i] or i not in self._done:  # stage 2: a partial bucket, or one that got nothing
+                self._reduce(i)
         self._wait()
         self._reduced = True
-        used = torch.tensor([id(p) in self._used for b in self.buckets for p in b.params], dtype=torch.int32)
-        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)  # a byte per parameter: who had one
-        for flag, p in zip(used.tolist(), [p for b in self.buckets for p in b.params], strict=True):
-            if not flag:  # no rank computed a gradient for it: torch.optim skips it, and so do we
+        self._drop_unused()
+
+    def _drop_unused(self) -> None:
+        """A byte per parameter, all-reduced: which had a gradient on some rank. torch.optim skips a
+        parameter whose .grad is None; the slices of one that no rank computed get None too."""
+        params = [p for b in self.buckets for p in b.params]
+        used = torch.tensor([id(p) in self._used for p in params], dtype=torch.int32)
+        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)
+        for flag, p in zip(used.tolist(), params, strict=True):
+            if not flag:
                 self.shards[id(p)].grad = None
 
     def grad_shard(self, p: Tensor) -> Tensor | None:
@@ -185,9 +187,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if k != "params":
                     ig[k] = v
         self.optim.step()
-        for i, b in enumerate(self.buckets):
-            full = torch.empty(b.n, b.width, dtype=b.dtype, device=self.flat[i].device)
-            dist.all_gather_single(full.view(-1), self.flat[i], group=self.group)
+        for b in self.buckets:
+            mine = torch.zeros(b.width, dtype=b.dtype, device=b.params[0].device)
+            for k, p in enumerate(b.params):
+                shard = self.shards[id(p)]
+                b.local(mine, k)[:shard.numel()].copy_(shard)
+            full = torch.empty(b.n, b.width, dtype=b.dtype, device=mine.device)
+            dist.all_gather_single(full.view(-1), mine, group=self.group)
             for k, p in enumerate(b.params):
                 b.copy_out(full, k, p.detach())
         self._reduced = False

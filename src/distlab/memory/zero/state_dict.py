@@ -53,8 +53,11 @@ def full_state(opt: Any) -> dict[str, Any]:
             if not _is_sliced(key, value, shard):
                 state[idx][key] = value.clone() if isinstance(value, Tensor) else value
                 continue
-            whole = torch.empty(opt.n * shard.numel(), dtype=value.dtype, device=value.device)
-            dist.all_gather_single(whole, value.contiguous(), group=opt.group)
+            size = opt.where[id(p)][0].sizes[opt.where[id(p)][1]]
+            mine = torch.zeros(size, dtype=value.dtype, device=value.device)  # padded: equal pieces
+            mine[:value.numel()].copy_(value)
+            whole = torch.empty(opt.n * size, dtype=value.dtype, device=value.device)
+            dist.all_gather_single(whole, mine, group=opt.group)
             state[idx][key] = whole[:p.numel()].view(p.shape).clone()
     return {"state": state, "param_groups": _groups(opt)}
 
@@ -85,10 +88,10 @@ def merge_sharded(pieces: list[dict[str, Any]]) -> dict[str, Any]:
         numel = int(torch.Size(shape).numel())
         state[idx] = {}
         for key, value in pieces[0]["state"][idx].items():
-            if isinstance(value, Tensor) and key not in SCALAR_KEYS and value.dim() == 1 and \
-                    value.numel() == -(-numel // n):
-                whole = torch.cat([p["state"][idx][key] for p in pieces])
-                state[idx][key] = whole[:numel].view(shape).clone()
+            parts = [p["state"][idx][key] for p in pieces]
+            if isinstance(value, Tensor) and key not in SCALAR_KEYS and all(t.dim() == 1 for t in parts) \
+                    and sum(t.numel() for t in parts) == numel:
+                state[idx][key] = torch.cat(parts).view(shape).clone()
             else:
                 state[idx][key] = value
     return {"state": state, "param_groups": pieces[0]["param_groups"]}
@@ -111,9 +114,10 @@ def load_full_state(opt: Any, state_dict: dict[str, Any]) -> None:
         for key, value in entry.items():
             if isinstance(value, Tensor) and key not in SCALAR_KEYS:
                 if value.shape != p.shape:
-                    raise ValueError(f"state_dict['state'][{idx}][{key!r}] has shape {tuple(value.shape)} but "
-                                     f"parameter {idx} has {tuple(p.shape)}; load the state of the same model")
-                value = b.slice_of(value, k, opt.rank)
+                    raise ValueError(f"state_dict['state'][{idx}][{key!r}] has shape {tuple(value.shape)} "
+                                     f"but parameter {idx} has {tuple(p.shape)}; load the state of the same "
+                                     "model")
+                value = b.slice_of(value, k, opt.rank)[:opt.shards[id(p)].numel()]
             sliced[int(idx)][key] = value
     inner_groups = [{**g, "params": list(range(sum(sizes[:j]), sum(sizes[:j + 1])))}
                     for j, g in enumerate(groups)]
