@@ -9,7 +9,7 @@ One idea per file:
 - `train`: `Trainer3D`, one rank of the run a step at a time on a `distlab.mesh.grid(dp=, pp=, tp=)`:
   chapter 4's executor, chapter 5's layers and loss, chapter 7's ZeRO; checkpointable (save at step k,
   load on another (dp, pp, tp), go on); `train_3d`, its loop over a list of batches; `make_batches`.
-- `parity`: the single-process reference (`reference_run`) and `compare` -> `Parity3D`, a verdict.
+- `parity`: the single-process reference (`reference_run`) and `parity_3d`, a `distlab.parity` report.
 - `traffic`: the bytes of a step recorded from its calls, per dim; `cost_model`: the same from the shapes.
 - `placement`: the mesh put on a chapter-8 cluster, TP inside a node or across, and the predicted time.
 - `figures`: the mesh and the placement pictures; `exercises`: the lab's checks.
@@ -36,14 +36,14 @@ from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.parallel3d.cost_model import Transfer, bytes_by_dim, predicted_traffic
 from distlab.parallel3d.model import StageModel, build_stage, named_shards
-from distlab.parallel3d.parity import Parity3D, Reference, compare, reference_run
+from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, Trainer3D, make_batches, train_3d
 
+compare = parity_3d  # the older name, which tests/test_parallel3d_checkpoint_3d.py imports
+
 __all__ = [
-    "Parity3D",
     "Plan3D",
     "RankRun3D",
-    "Reference",
     "ShardedParam",
     "StageModel",
     "Trainer3D",
@@ -55,6 +55,7 @@ __all__ = [
     "compare",
     "make_batches",
     "named_shards",
+    "parity_3d",
     "predicted_traffic",
     "reference_run",
     "train_3d",
