@@ -34,42 +34,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
 from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
 from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
 from distlab.memory.zero.stage3 import ParameterGather
+from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
 
-STAGES = (0, 1, 2, 3)
-
-
-def check_stage(stage: object) -> int:
-    """`stage` if it is 0, 1, 2 or 3, else a ValueError that says what each one is."""
-    if isinstance(stage, bool) or stage not in STAGES:
-        raise ValueError(f"stage={stage!r} is not a ZeRO stage; choose 0 (plain data parallelism), 1 (shard "
-                         "the optimizer state), 2 (+ gradients) or 3 (+ parameters)")
-    return int(stage)  # type: ignore[call-overload]
-
-
-def check_group(group: dist.ProcessGroup | None) -> None:
-    """Raise a clear error, before any collective, when this rank cannot run ZeRO on `group`."""
-    if not dist.is_initialized():
-        raise RuntimeError("ZeRO needs a process group, and none is initialised in this process: build "
-                           "it inside a function started by distlab.launch.run(fn, n) or under torchrun")
-    if group is not None and dist.get_rank(group) < 0:
-        raise ValueError(f"group={dist.get_process_group_ranks(group)} (global ranks) does not contain this "
-                         f"rank ({dist.get_rank()}); pass the data-parallel group this rank belongs to, "
-                         "e.g. mesh['dp'].get_group() on every rank")
-
-
-def dp_group(mesh: DeviceMesh, dim: str = "dp") -> dist.ProcessGroup:
-    """The group of this rank along the mesh's data-parallel dim `dim`, the group ZeRO shards over."""
-    names = mesh.mesh_dim_names or ()
-    if dim not in names:
-        raise ValueError(f"dim={dim!r} is not a dim of the mesh, whose dims are {list(names)}; build the "
-                         f"mesh with distlab.mesh.grid({dim}=..., ...) so that it has a data-parallel dim")
-    return mesh[dim].get_group()
+__all__ = ["STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:

@@ -35,8 +35,8 @@ from torch.utils._pytree import tree_map
 
 from distlab.memory.zero.buckets import Bucket
 from distlab.memory.zero.clip import clip_sharded_grads_
-from distlab.memory.zero.engine import check_group
 from distlab.memory.zero.flat import alloc_storage, free_storage
+from distlab.memory.zero.validate import check_group
 
 
 class ShardedUnit:

@@ -31,8 +31,8 @@ from torch import Tensor, nn
 
 from distlab.memory.zero.buckets import Bucket, make_buckets
 from distlab.memory.zero.clip import clip_sharded_grads_
-from distlab.memory.zero.engine import check_group
 from distlab.memory.zero.state_dict import full_state, load_full_state, sharded_state
+from distlab.memory.zero.validate import check_group
 
 SHAPE_AWARE = ("Adafactor", "Muon", "LBFGS", "SparseAdam")  # these read a parameter's shape or history
 
