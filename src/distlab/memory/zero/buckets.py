@@ -2,11 +2,12 @@
 
 The chapter's engine (`engine.ZeRO`) shards a unit's flat buffer: a parameter may straddle two ranks. A
 torch optimizer wants whole tensors it can skip, count steps for and save by parameter, so the sharded
-optimizer and `fully_shard` cut *each parameter* instead: flatten it, pad it to a multiple of N, and give
-group-rank i the i-th of N equal slices (Zhao et al. 2023, PyTorch FSDP; FSDP2 cuts dim 0, which for
-element-wise optimizers is the same up to the padding). To reduce-scatter or all-gather many parameters
-in one call, a `Bucket` lays them out in an (N, S) buffer, row r holding group-rank r's slices of every
-parameter side by side: the collective's r-th chunk is then exactly rank r's shards, contiguous.
+optimizer and `fully_shard` cut *each parameter* instead, along dim 0 as FSDP2 does (Zhao et al. 2023,
+PyTorch FSDP): group-rank i gets rows [i c, (i + 1) c) with c = ceil(rows / N), padded with zero rows. A
+slice keeps the parameter's number of dims, so code that groups parameters by `p.dim()` still works.
+To reduce-scatter or all-gather many parameters in one call, a `Bucket` lays them out in an (N, S)
+buffer, row r holding group-rank r's slices of every parameter side by side: the collective's r-th
+chunk is then exactly rank r's shards, contiguous.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import torch
 from torch import Tensor
 
 
-def shard_numel(numel: int, n: int) -> int:
-    """Elements of one rank's slice of a parameter of `numel` elements on `n` ranks (the last may pad)."""
-    return -(-numel // n)
+def shard_shape(shape: Sequence[int], n: int) -> tuple[int, ...]:
+    """The shape of one rank's slice of a parameter of `shape` on `n` ranks: ceil(rows / n) rows of dim 0,
+    the other dims whole, as FSDP2's `Shard(0)` (the last ranks' rows may be padding). A 0-d parameter
+    is one row of one element."""
+    if len(shape) == 0:
+        return (1,)
+    return (-(-shape[0] // n), *shape[1:])
 
 
 class Bucket:
@@ -28,7 +33,8 @@ class Bucket:
 
     def __init__(self, params: Sequence[Tensor], n: int) -> None:
         self.params, self.n = list(params), n
-        self.sizes = [shard_numel(p.numel(), n) for p in self.params]
+        self.shapes = [shard_shape(p.shape, n) for p in self.params]
+        self.sizes = [int(torch.Size(s).numel()) for s in self.shapes]
         self.offsets = [0]
         for s in self.sizes:
             self.offsets.append(self.offsets[-1] + s)
@@ -63,16 +69,17 @@ class Bucket:
             flat[full * s:].copy_(block[full, :flat.numel() - full * s])
 
     def own(self, param: Tensor, k: int, rank: int) -> Tensor:
-        """Group-rank `rank`'s slice of parameter k as a *view* of `param` (shorter, or empty, where the
+        """Group-rank `rank`'s rows of parameter k as a *view* of `param` (fewer rows, or none, where the
         padding would start: the padding is only ever in the buffers, never in the parameter)."""
         if not param.is_contiguous():
             raise ValueError(f"parameter {k} of shape {tuple(param.shape)} is not contiguous; make it so "
                              "(p.data = p.data.contiguous()) before sharding")
-        s = self.sizes[k]
-        return param.view(-1)[min(rank * s, param.numel()):min((rank + 1) * s, param.numel())]
+        rows = param.view(1) if param.dim() == 0 else param
+        c = self.shapes[k][0]
+        return rows[min(rank * c, len(rows)):min((rank + 1) * c, len(rows))]
 
     def slice_of(self, value: Tensor, k: int, rank: int) -> Tensor:
-        """Group-rank `rank`'s slice of a whole parameter-shaped `value` (padded with zeros)."""
+        """Group-rank `rank`'s slice of a whole parameter-shaped `value`, flat (padded with zeros)."""
         s, flat = self.sizes[k], value.reshape(-1)
         out = torch.zeros(s, dtype=value.dtype, device=value.device)
         part = flat[rank * s:(rank + 1) * s]

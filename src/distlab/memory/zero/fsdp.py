@@ -1,9 +1,10 @@
 """ZeRO stage 3 as a per-module wrapper, in the spirit of FSDP2: `fully_shard(block, group=...)`.
 
 `fully_shard(module)` replaces every parameter of `module` (those not already claimed by a
-`fully_shard` on a submodule) by this rank's slice of it, an `nn.Parameter` of shape (ceil(numel / N),)
-kept in full precision: the *master shard* (Rajbhandari et al. 2020, sec. 5.3, P_os+g+p; Zhao et al.
-2023 for FSDP). `model.parameters()` then yields the slices, so any element-wise torch optimizer built on
+`fully_shard` on a submodule) by this rank's slice of it: an `nn.Parameter` of ceil(rows / N) rows of
+dim 0 (FSDP2's `Shard(0)`, padded with zero rows), kept in full precision, the *master shard*
+(Rajbhandari et al. 2020, sec. 5.3, P_os+g+p; Zhao et al. 2023 for FSDP). `model.parameters()` then
+yields the slices, so any element-wise torch optimizer built on
 them is ZeRO-3's optimizer: `torch.optim.AdamW(model.parameters(), lr=...)`. Around the module's work:
 
 - before its forward: cast the shards to the compute dtype, all-gather them (one call for the module,
@@ -19,7 +20,9 @@ Mixed precision takes torch's own `MixedPrecisionPolicy(param_dtype, reduce_dtyp
 cast_forward_inputs)`, with FSDP2's meanings: compute in `param_dtype`, reduce the gradients in
 `reduce_dtype` (default: `param_dtype`), update the fp32 master shards. A parameter that got no gradient on
 any rank keeps `.grad = None`, so the optimizer skips it as torch's does. `clip_grad_norm_(model, ...)`
-clips by the global norm; `full_parameters(model)` gathers the whole model (a collective).
+clips by the global norm; `full_parameters(model)` gathers the whole model (a collective);
+`optimizer_state_dict` / `load_optimizer_state_dict` give and take the optimizer's whole state in torch's
+format, so that a run resumes on another number of ranks.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from torch.utils._pytree import tree_map
 from distlab.memory.zero.buckets import Bucket
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.flat import alloc_storage, free_storage
+from distlab.memory.zero.state_dict import full_state, load_full_state
 from distlab.memory.zero.validate import check_group
 
 
@@ -72,7 +76,8 @@ class ShardedUnit:
         for k, p in enumerate(params):
             dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
             self.bucket.local(master, k).copy_(self.bucket.slice_of(p.detach(), k, self.rank))
-            shard = nn.Parameter(self.bucket.local(master, k), requires_grad=p.requires_grad)
+            shard = nn.Parameter(self.bucket.local(master, k).view(self.bucket.shapes[k]),
+                                 requires_grad=p.requires_grad)
             shard._zero_shard = True  # type: ignore[attr-defined]
             self.shards.append(shard)
             whole = nn.Parameter(torch.empty(p.shape, dtype=self.compute_dtype, device=p.device),
@@ -184,7 +189,7 @@ class ShardedUnit:
         work.wait()
         out = out.div_(self.n).to(self.master.dtype)
         for k, s in enumerate(self.shards):
-            piece = self.bucket.local(out, k)
+            piece = self.bucket.local(out, k).view(s.shape)
             s.grad = piece.clone() if s.grad is None else s.grad.add_(piece)
 
     def _final(self) -> None:
@@ -262,6 +267,42 @@ def full_parameters(model: nn.Module) -> dict[str, Tensor]:
             for sub, name in owners:
                 out[_name(model, sub, name)] = t
     return dict(sorted(out.items()))
+
+
+class _OptimizerView:
+    """A torch optimizer over a `fully_shard`ed model's slices, seen as `state_dict` sees a
+    `ShardedOptimizer`: for each whole parameter (its shape), its slice, its place in a bucket."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        units = list(_units(model))
+        whole_of = {id(s): (u, k) for u in units for k, s in enumerate(u.shards)}
+        self.optim, self.group = optimizer, units[0].group
+        self.n, self.rank = units[0].n, units[0].rank
+        self.param_groups, self.shards, self.where = [], {}, {}
+        for g in optimizer.param_groups:
+            wholes = []
+            for s in g["params"]:
+                if id(s) not in whole_of:
+                    raise ValueError("optimizer holds a parameter that is not a slice of this model; build "
+                                     "it on model.parameters() after fully_shard")
+                u, k = whole_of[id(s)]
+                wholes.append(u.full[k])  # its storage may be freed; its shape is the parameter's
+                self.shards[id(u.full[k])], self.where[id(u.full[k])] = s, (u.bucket, k)
+            self.param_groups.append({**g, "params": wholes})
+
+
+def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The whole state of `optimizer` (any torch optimizer over the `fully_shard`ed `model`'s slices) in
+    torch's one-process format: loadable on any number of ranks by `load_optimizer_state_dict`. A
+    collective on the model's group."""
+    return full_state(_OptimizerView(model, optimizer))
+
+
+def load_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer,
+                              state_dict: dict[str, Any]) -> None:
+    """Load a whole optimizer state (from `optimizer_state_dict` on any number of ranks, or from torch's
+    optimizer on one process): each rank keeps its slices."""
+    load_full_state(_OptimizerView(model, optimizer), state_dict)
 
 
 def _name(model: nn.Module, sub: nn.Module, name: str) -> str:

@@ -16,8 +16,9 @@ moments, SGD's momentum) is 1/N of the whole. Per step:
 A parameter that got no gradient on any rank gets `.grad = None` on its slice, so the inner optimizer
 skips it exactly as on one process. Parameter groups (their own lr, weight_decay, ...) are kept: slice
 groups mirror them, and `param_groups` is the user's, so learning-rate schedulers work. Optimizers that
-work element by element (SGD, Adam, AdamW, RMSprop, Adagrad...) give the same result on slices as on
-whole tensors; one that reads a tensor's shape (Adafactor) does not, and is refused.
+work element by element (SGD, Adam, AdamW, RMSprop, Adagrad...) give the same result on slices (rows of
+dim 0, `buckets`) as on whole tensors; one that reads a tensor's shape (Adafactor) does not, and is
+refused.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             b = self.buckets[i]
             for k, p in enumerate(b.params):
                 shard = self.shards[id(p)]
-                piece = b.local(out, k)[:shard.numel()]
+                piece = b.local(out, k)[:shard.numel()].view(shard.shape)
                 shard.grad = piece if shard.grad is None else shard.grad.add_(piece)
         self._pending.clear()
 
@@ -191,7 +192,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             mine = torch.zeros(b.width, dtype=b.dtype, device=b.params[0].device)
             for k, p in enumerate(b.params):
                 shard = self.shards[id(p)]
-                b.local(mine, k)[:shard.numel()].copy_(shard)
+                b.local(mine, k)[:shard.numel()].copy_(shard.reshape(-1))
             full = torch.empty(b.n, b.width, dtype=b.dtype, device=mine.device)
             dist.all_gather_single(full.view(-1), mine, group=self.group)
             for k, p in enumerate(b.params):

@@ -55,7 +55,7 @@ def full_state(opt: Any) -> dict[str, Any]:
                 continue
             size = opt.where[id(p)][0].sizes[opt.where[id(p)][1]]
             mine = torch.zeros(size, dtype=value.dtype, device=value.device)  # padded: equal pieces
-            mine[:value.numel()].copy_(value)
+            mine[:value.numel()].copy_(value.reshape(-1))
             whole = torch.empty(opt.n * size, dtype=value.dtype, device=value.device)
             dist.all_gather_single(whole, mine, group=opt.group)
             state[idx][key] = whole[:p.numel()].view(p.shape).clone()
@@ -89,9 +89,9 @@ def merge_sharded(pieces: list[dict[str, Any]]) -> dict[str, Any]:
         state[idx] = {}
         for key, value in pieces[0]["state"][idx].items():
             parts = [p["state"][idx][key] for p in pieces]
-            if isinstance(value, Tensor) and key not in SCALAR_KEYS and all(t.dim() == 1 for t in parts) \
-                    and sum(t.numel() for t in parts) == numel:
-                state[idx][key] = torch.cat(parts).view(shape).clone()
+            sliced = isinstance(value, Tensor) and key not in SCALAR_KEYS
+            if sliced and sum(t.numel() for t in parts) == numel:
+                state[idx][key] = torch.cat([t.reshape(-1) for t in parts]).view(shape).clone()
             else:
                 state[idx][key] = value
     return {"state": state, "param_groups": pieces[0]["param_groups"]}
@@ -117,7 +117,8 @@ def load_full_state(opt: Any, state_dict: dict[str, Any]) -> None:
                     raise ValueError(f"state_dict['state'][{idx}][{key!r}] has shape {tuple(value.shape)} "
                                      f"but parameter {idx} has {tuple(p.shape)}; load the state of the same "
                                      "model")
-                value = b.slice_of(value, k, opt.rank)[:opt.shards[id(p)].numel()]
+                shard = opt.shards[id(p)]
+                value = b.slice_of(value, k, opt.rank)[:shard.numel()].view(shard.shape)
             sliced[int(idx)][key] = value
     inner_groups = [{**g, "params": list(range(sum(sizes[:j]), sum(sizes[:j + 1])))}
                     for j, g in enumerate(groups)]
