@@ -119,7 +119,8 @@ def load_full_state(opt: Any, state_dict: dict[str, Any]) -> None:
                                      "model")
                 shard = opt.shards[id(p)]
                 value = b.slice_of(value, k, opt.rank)[:shard.numel()].view(shard.shape)
-            sliced[int(idx)][key] = value
+            # a copy: the optimizer updates its state in place (AdamW's step += 1), the caller's dict stays
+            sliced[int(idx)][key] = value.clone() if isinstance(value, Tensor) else value
     inner_groups = [{**g, "params": list(range(sum(sizes[:j]), sum(sizes[:j + 1])))}
                     for j, g in enumerate(groups)]
     opt.optim.load_state_dict({"state": sliced, "param_groups": inner_groups})
