@@ -146,15 +146,15 @@ def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
     parser = argparse.ArgumentParser(prog="python -m distlab.memory.bench",
                                      description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world-size", type=positive_int, nargs="+", default=[2, 4],
-                        help="ranks to start (one run per size, one after the other)")
+    parser.add_argument("--world-size", type=positive_int, nargs="+", default=2,  # several: one run each
+                        help="ranks to start")
     parser.add_argument("--steps", type=positive_int, default=3, help="steps per timed block")
     parser.add_argument("--rounds", type=positive_int, default=5, help="timed blocks per contender (median)")
     parser.add_argument("--kinds", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
                         help="contenders to time")
     args = parser.parse_args(argv)
     out = {}
-    for n in args.world_size:
+    for n in args.world_size if isinstance(args.world_size, list) else [args.world_size]:
         out[n] = launch.run(measure, n, args.kinds, args.steps, args.rounds, timeout=600.0)[0]
         print(f"--- {n} ranks\n{format_results(out[n])}", flush=True)
     return out
