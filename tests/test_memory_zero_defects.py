@@ -92,3 +92,12 @@ def test_engine_matches_torch_adam(plan: str, dtype: torch.dtype) -> None:
         got = _results()[plan, dtype, stage]
         for name in ref:
             torch.testing.assert_close(got[name], ref[name], **TOL[dtype], msg=f"stage {stage}: {name}")
+
+
+def test_adam_hyper_parameters_are_checked() -> None:
+    from distlab.memory.zero.flat import AdamConfig
+
+    with pytest.raises(ValueError, match=r"eps=-1 must be a finite number >= 0"):
+        AdamConfig(eps=-1)
+    with pytest.raises(ValueError, match=r"weight_decay=nan must be a finite number >= 0"):
+        AdamConfig(weight_decay=float("nan"))
