@@ -84,6 +84,6 @@ def test_checks_that_run_the_stub_in_ranks_report_it(chapter: str) -> None:
 
         _all_not_written(check_expert_parallel(_stub, world_sizes=(2, 4)))
     else:
-        from distlab.memory.zero_exercises import check_zero2_hook
+        from distlab.memory.zero.exercises import check_zero2_hook
 
         _all_not_written(check_zero2_hook(_stub))

@@ -21,16 +21,17 @@ import torch
 import torch.distributed as dist
 
 from distlab import launch, mesh
-from distlab.memory import bench, zero_parity
-from distlab.memory.zero import ZeRO, check_stage, dp_group
-from distlab.memory.zero_accounting import (
+from distlab.memory import bench
+from distlab.memory.zero import parity as zero_parity
+from distlab.memory.zero.accounting import (
     FP32,
     MIXED,
     comm_ratio_to_dp,
     comm_sent_bytes,
     model_state_bytes,
 )
-from distlab.memory.zero_comm import ring_sent_bytes
+from distlab.memory.zero.comm import ring_sent_bytes
+from distlab.memory.zero.engine import ZeRO, check_stage, dp_group
 
 STAGES = (0, 1, 2, 3)
 

@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from distlab import catalog, launch
-from distlab.memory import compression, offload, zero_exercises
-from distlab.memory.zero_comm import reduce_scatter
-from distlab.memory.zero_parity import mlp_task
+from distlab.memory import compression, offload
+from distlab.memory.zero import exercises as zero_exercises
+from distlab.memory.zero.comm import reduce_scatter
+from distlab.memory.zero.parity import mlp_task
 
 # ---------------------------------------------------------------- the exercise check
 

@@ -21,12 +21,9 @@ One idea per file (this chapter's core half, then ZeRO and its relatives):
 - `figures`: the chapter's pictures and the estimator's explorer; `exercises`: the lab's checks.
 - `bench`: ZeRO's benchmark against PyTorch's built-ins (recomputation's timing is
   `recompute.time_recompute`).
-- `zero`: ZeRO stages 1-3 over a process group (`ZeRO(model, stage, group=)`), built from `zero_flat`
-  (flat, padded shards and the sharded Adam), `zero_stage3` (gather a layer's parameters before its
-  forward and backward, prefetch the next), `zero_comm` (the collectives, each one's bytes recorded) and
-  `zero_accounting` (model-state bytes and communication volume per rank, measured and predicted);
-  `zero_parity`: ZeRO against plain data parallelism and PyTorch's own; `zero_exercises`: the ZeRO-2
-  check.
+- `zero/`: ZeRO stages 0-3 over a process group: the chapter's readable engine (`ZeRO(model, stage,
+  group=)`, its own Adam), the sharded optimizer that runs any torch optimizer (`ShardedOptimizer`,
+  stages 1-2) and the per-module wrapper of stage 3 (`fully_shard`); see `distlab.memory.zero`'s map.
 - `offload`: optimizer state and step on the CPU (ZeRO-Offload), activation offload, and the transfer
   model; `compression`: memory-efficient optimizers (Adafactor) and gradient compression (PowerSGD).
 - `python -m distlab.memory`: the estimator, and a measured step of the course's GPT.

@@ -6,13 +6,16 @@ rank's updated parameters), and FSDP2, `torch.distributed.fsdp.fully_shard`, sha
 and optimizer state per module (stage 3; Zhao et al. 2023, "PyTorch FSDP", VLDB 16(12)). Both run on gloo
 on the CPU; FSDP2 needs a DeviceMesh, made here from the group with `DeviceMesh.from_group`.
 
-`train_builtin` trains the chapter's task with one of them, for the loss comparison in the tests.
+Ours come in two forms: the chapter's engine (`zero1`, `zero3`: `ZeRO(model, stage)` with its own
+Adam) and the torch-style API (`sharded1`: `ShardedOptimizer(params, torch.optim.Adam)`; `sharded3`:
+`fully_shard` on every block and the root, then `torch.optim.Adam`), each timed against the same
+built-in. `train_builtin` trains the chapter's task with one of them, for the loss comparison in the tests.
 `measure` runs inside the ranks and times blocks of steps of ours and theirs side by side, in rotating
 order over rounds, so that load on the machine hits every contender alike; a block's time is the slowest
 rank's and a result the median over rounds. `speed_ratios` gives ours / theirs in steps per second
 (above 1: ours is faster). From a shell:
 
-    python -m distlab.memory.bench --world-size 2
+    python -m distlab.memory.bench --world-size 2 4
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from distlab import launch, sharding
 from distlab.cli_types import positive_int
-from distlab.memory.zero import ZeRO, default_units
-from distlab.memory.zero_parity import LR, RunResult, Task, gpt_task, group_mean
+from distlab.memory.zero import ShardedOptimizer, ZeRO, default_units
+from distlab.memory.zero.fsdp import fully_shard as zero_fully_shard
+from distlab.memory.zero.parity import LR, RunResult, Task, gpt_task, group_mean
 
-CONTENDERS = ("zero1", "zero_redundancy", "zero3", "fsdp2")
-PAIRS = {"zero1": "zero_redundancy", "zero3": "fsdp2"}  # ours -> theirs
+CONTENDERS = ("zero1", "sharded1", "zero_redundancy", "zero3", "sharded3", "fsdp2")
+PAIRS = {"zero1": "zero_redundancy", "sharded1": "zero_redundancy", "zero3": "fsdp2",
+         "sharded3": "fsdp2"}  # ours -> theirs
 
 
 def bench_task() -> Task:
@@ -55,6 +60,12 @@ class _Runner:
         self.engine: ZeRO | None = None
         if kind.startswith("zero") and kind[-1].isdigit():
             self.engine = ZeRO(self.model, int(kind[-1]), group, lr=LR)
+        elif kind == "sharded1":
+            self.optimizer = ShardedOptimizer(self.model.parameters(), torch.optim.Adam, group=group, lr=LR)
+        elif kind == "sharded3":
+            for unit in [*default_units(self.model), self.model]:
+                zero_fully_shard(unit, group=group)
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=LR)
         elif kind == "zero_redundancy":
             self.net = nn.parallel.DistributedDataParallel(self.model, process_group=group)
             self.optimizer = ZeroRedundancyOptimizer(self.model.parameters(), torch.optim.Adam,
@@ -130,20 +141,23 @@ def format_results(seconds: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
     """Command line: start the ranks, measure every contender, print the table and the ratios."""
     parser = argparse.ArgumentParser(prog="python -m distlab.memory.bench",
                                      description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world-size", type=positive_int, default=2, help="ranks to start")
+    parser.add_argument("--world-size", type=positive_int, nargs="+", default=2,  # several: one run each
+                        help="ranks to start")
     parser.add_argument("--steps", type=positive_int, default=3, help="steps per timed block")
     parser.add_argument("--rounds", type=positive_int, default=5, help="timed blocks per contender (median)")
     parser.add_argument("--kinds", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
                         help="contenders to time")
     args = parser.parse_args(argv)
-    seconds = launch.run(measure, args.world_size, args.kinds, args.steps, args.rounds, timeout=300.0)[0]
-    print(format_results(seconds))
-    return seconds
+    out = {}
+    for n in args.world_size if isinstance(args.world_size, list) else [args.world_size]:
+        out[n] = launch.run(measure, n, args.kinds, args.steps, args.rounds, timeout=600.0)[0]
+        print(f"--- {n} ranks\n{format_results(out[n])}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

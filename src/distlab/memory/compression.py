@@ -13,7 +13,7 @@ instead of M: P = M Q (n x r), orthogonalised, and Q = M^T P (m x r), one step o
 started from the last step's Q. The rank-r approximation P Q^T replaces the average of M; what it
 misses is added to the next step's gradient (error feedback), so nothing is lost for good. Traffic per
 matrix drops from n m to r (n + m) values. `PowerSGD` is our DDP communication hook (every collective
-recorded in a `zero_comm.CommLog`); PyTorch's is `torch.distributed.algorithms.ddp_comm_hooks.
+recorded in a `memory.zero.comm.CommLog`); PyTorch's is `torch.distributed.algorithms.ddp_comm_hooks.
 powerSGD_hook`. (This module evaluates its annotations eagerly: DDP checks a hook's annotations
 against `dist.GradBucket` and `Future[Tensor]` themselves.) `compare_compression` trains the same
 model with plain all-reduce, ours and PyTorch's, and reports bytes sent and the final loss of each.
@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from distlab import sharding
-from distlab.memory.zero_comm import CommLog, all_reduce
-from distlab.memory.zero_parity import Task, group_mean, mlp_task
+from distlab.memory.zero.comm import CommLog, all_reduce
+from distlab.memory.zero.parity import Task, group_mean, mlp_task
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from distlab import catalog
-from distlab.memory.zero_flat import AdamConfig, ShardAdam
+from distlab.memory.zero.flat import AdamConfig, ShardAdam
 
 # Host bytes per element of a shard: fp32 master copy 4, Adam's m and v 8, the gradient's landing buffer 4.
 HOST_BYTES_PER_ELEMENT = 4 + 8 + 4
@@ -95,11 +95,12 @@ class HostShard:
             self.copied = torch.cuda.Event()
             self.copied.record(self.stream)
 
-    def step_into(self, device_shard: Tensor) -> None:
-        """Adam on the host, then the new parameters host -> device into `device_shard`."""
+    def step_into(self, device_shard: Tensor, active: Sequence[bool] | None = None) -> None:
+        """Adam on the host (parameter j only where `active[j]`, see `ShardAdam.step`), then the new
+        parameters host -> device into `device_shard`."""
         if self.copied is not None:
             self.copied.synchronize()
-        self.adam.step(self.master, self.grad)
+        self.adam.step(self.master, self.grad, active)
         if self.stream is None:
             device_shard.copy_(self.master)
             return

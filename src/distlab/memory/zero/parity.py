@@ -3,7 +3,8 @@
 `train_zero` runs inside the ranks: it trains a task for a few steps with `zero.ZeRO` of some stage on
 `group`, each rank on its contiguous slice of every global batch (`distlab.sharding`), and returns the
 losses, the final parameters, the bytes held and the collectives called. `train_reference` trains the
-same task on one process with `torch.optim.Adam` on the whole batch. `compare` states the verdict.
+same task on one process with `torch.optim.Adam` on the whole batch. `report`, `agree` and `verdict`
+state the result in `distlab.parity`'s words.
 
 Tolerance. The averaged gradient is the same sum of the same fp32 terms as the single process's, added in
 another order (per rank, then across ranks), so it differs by rounding, a few units of 2**-24 relative.
@@ -25,11 +26,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distlab import models, sharding
-from distlab.memory.zero import ZeRO
-from distlab.memory.zero_accounting import measured_model_state_bytes
+from distlab import models, parity, sharding
+from distlab.memory.zero.accounting import measured_model_state_bytes
+from distlab.memory.zero.engine import ZeRO
 
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+# fp32 rounding, from the course's one table (distlab.parity), as torch.testing's atol/rtol
+TOLERANCE = {"atol": parity.TOLERANCE[torch.float32], "rtol": parity.TOLERANCE[torch.float32]}
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
 LR = 1e-2
 
@@ -145,16 +147,18 @@ def train_reference(task: str | Task = "mlp", steps: int = 4) -> RunResult:
     return RunResult(losses, {name: p.detach().clone() for name, p in model.named_parameters()})
 
 
-def agree(a: RunResult, b: RunResult, tol: dict[str, float] = TOLERANCE) -> bool:
-    """True when the losses and every parameter of `a` and `b` agree within `tol`."""
-    same_names = a.params.keys() == b.params.keys()
-    losses = torch.allclose(torch.tensor(a.losses), torch.tensor(b.losses), **tol)
-    return same_names and losses and all(torch.allclose(a.params[k], b.params[k], **tol) for k in a.params)
+def report(a: RunResult, b: RunResult, what: str = "") -> parity.ParityReport:
+    """The losses and every parameter of `a` against `b` (`distlab.parity.compare`, fp32's tolerance)."""
+    return parity.compare({"losses": a.losses, "parameters": a.params},
+                          {"losses": b.losses, "parameters": b.params}, dtype=torch.float32, label=what)
 
 
-def verdict(a: RunResult, b: RunResult, what: str, tol: dict[str, float] = TOLERANCE) -> str:
-    """One line for a lab: "<what>: N losses and M parameters agree within atol=..., rtol=...: ok"."""
-    ok = agree(a, b, tol)
-    return (f"{what}: {len(a.losses)} losses and {len(a.params)} parameter tensors "
-            f"{'agree' if ok else 'DO NOT agree'} within atol={tol['atol']:g}, rtol={tol['rtol']:g}: "
-            f"{'ok' if ok else 'FAILED'}")
+def agree(a: RunResult, b: RunResult) -> bool:
+    """True when the losses and every parameter of `a` and `b` agree within fp32's tolerance."""
+    return a.params.keys() == b.params.keys() and report(a, b).passed
+
+
+def verdict(a: RunResult, b: RunResult, what: str) -> str:
+    """One line for a lab, the same on every machine: "<what>: all 4 losses and all 4 parameters agree
+    within 1e-05: ok"."""
+    return report(a, b, what).verdict()

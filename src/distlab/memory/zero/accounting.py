@@ -28,7 +28,7 @@ from typing import Any
 from torch import Tensor
 
 from distlab.memory import cost_model
-from distlab.memory.zero_comm import RING_PASSES
+from distlab.memory.zero.comm import RING_PASSES
 
 MIXED = {"param_bytes": 2, "grad_bytes": 2, "k": 12}  # the paper's fp16/fp32 mixed-precision Adam
 FP32 = {"param_bytes": 4, "grad_bytes": 4, "k": 8}  # fp32 Adam: the parameters are the master copy

@@ -17,59 +17,31 @@ all-reduce they replace:
 `loss.backward(); zero.step(); zero.zero_grad()`. Its Adam equals `torch.optim.Adam`. With
 `hook_gradients=False` (stages 0-2) nothing happens during the backward; `take_gradients()` then takes the
 accumulated `.grad`s, as a pipeline needs (chapter 9). Parameters are laid
-out by *unit* (`zero_flat.FlatUnit`: one flat, padded buffer per layer, plus a root unit for the rest),
+out by *unit* (`flat.FlatUnit`: one flat, padded buffer per layer, plus a root unit for the rest),
 each cut into N equal shards; group-rank i owns shard i of every unit. Gradients are taken by a
 post-accumulate hook per parameter (`Tensor.register_post_accumulate_grad_hook`), copied into their
 unit's flat gradient buffer; in stages 2 and 3 the unit is reduce-scattered as soon as its last gradient
 arrives, asynchronously so that the backward goes on meanwhile (one unit in flight at a time), and only
 the shard is kept. Stage 3's schedule of all-gathers is in
-`zero_stage3`. Every collective goes through `zero_comm`, which records the bytes sent in `self.log`.
+`stage3`. Every collective goes through `comm`, which records the bytes sent in `self.log`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
-from distlab.memory.zero_comm import CommLog, all_gather, all_reduce, reduce_scatter
-from distlab.memory.zero_flat import AdamConfig, FlatUnit, ShardAdam
-from distlab.memory.zero_stage3 import ParameterGather
+from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
+from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
+from distlab.memory.zero.stage3 import ParameterGather
+from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
 
-STAGES = (0, 1, 2, 3)
-
-
-def check_stage(stage: object) -> int:
-    """`stage` if it is 0, 1, 2 or 3, else a ValueError that says what each one is."""
-    if isinstance(stage, bool) or stage not in STAGES:
-        raise ValueError(f"stage={stage!r} is not a ZeRO stage; choose 0 (plain data parallelism), 1 (shard "
-                         "the optimizer state), 2 (+ gradients) or 3 (+ parameters)")
-    return int(stage)  # type: ignore[call-overload]
-
-
-def check_group(group: dist.ProcessGroup | None) -> None:
-    """Raise a clear error, before any collective, when this rank cannot run ZeRO on `group`."""
-    if not dist.is_initialized():
-        raise RuntimeError("ZeRO needs a process group, and none is initialised in this process: build "
-                           "it inside a function started by distlab.launch.run(fn, n) or under torchrun")
-    if group is not None and dist.get_rank(group) < 0:
-        raise ValueError(f"group={dist.get_process_group_ranks(group)} (global ranks) does not contain this "
-                         f"rank ({dist.get_rank()}); pass the data-parallel group this rank belongs to, "
-                         "e.g. mesh['dp'].get_group() on every rank")
-
-
-def dp_group(mesh: DeviceMesh, axis: str = "dp") -> dist.ProcessGroup:
-    """The group of this rank along the mesh's data-parallel axis `axis`, the group ZeRO shards over."""
-    names = mesh.mesh_dim_names or ()
-    if axis not in names:
-        raise ValueError(f"axis={axis!r} is not an axis of the mesh, whose axes are {list(names)}; build the "
-                         f"mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel axis")
-    return mesh[axis].get_group()
+__all__ = ["STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:
@@ -95,7 +67,14 @@ class _Unit:
     host: HostShard | None = None
     grad_full: Tensor | None = None
     grad_shard: Tensor | None = None
-    ready: int = 0
+    got: list[bool] = field(default_factory=list)  # parameter j's gradient is in grad_full (this pass)
+    used: list[bool] = field(default_factory=list)  # parameter j got a gradient on this rank this step
+    passes: int = 0  # stages 2-3: reduce-scatters already summed into grad_shard this step
+
+    def forget(self) -> None:
+        self.got = [False] * len(self.layout.params)
+        self.used = list(self.got)
+        self.passes = 0
 
 
 class ZeRO:
@@ -123,7 +102,7 @@ class ZeRO:
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.config = AdamConfig(lr, tuple(betas), eps, weight_decay)
         self.log = CommLog()
-        self.in_flight: tuple[int, dist.Work] | None = None  # stages 2-3: the reduce-scatter under way
+        self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the one under way
         layouts, modules = self._layouts(model, default_units(model) if units is None else list(units))
         if offload:
             per_rank = layouts if self.stage else [FlatUnit(u.name, u.params, 1) for u in layouts]
@@ -167,10 +146,15 @@ class ZeRO:
         sliced = flat if self.stage == 0 else flat[layout.shard_slice(self.rank)]
         shard = sliced.clone() if self.stage == 3 else sliced
         state_dtype = torch.promote_types(flat.dtype, torch.float32)  # fp32, or fp64 for a float64 model
+        # where each parameter lies in what this rank updates (stage 0: the whole buffer)
+        segments = shard_segments(FlatUnit(layout.name, layout.params, 1) if self.stage == 0 else layout,
+                                  0 if self.stage == 0 else self.rank)
         unit = _Unit(layout, module, flat, shard, ShardAdam(0 if offload else shard.numel(), self.config,
-                                                            flat.device, state_dtype))
+                                                            flat.device, state_dtype, segments))
+        unit.forget()
         if offload:
             unit.host = HostShard(shard, self.config)
+            unit.host.adam.segments, unit.host.adam.steps = segments, [0] * len(segments)
         if self.stage <= 1:  # stages 0 and 1 keep the whole gradient, as plain DP does
             unit.grad_full = torch.zeros_like(flat)
         else:
@@ -184,10 +168,11 @@ class ZeRO:
             if unit.grad_full is None:
                 unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
             view = unit.layout.views(unit.grad_full)[j]
-            view.copy_(p.grad)
+            if p.grad.data_ptr() != view.data_ptr():  # stages 0-1 after the first pass: autograd added
+                view.add_(p.grad) if unit.got[j] else view.copy_(p.grad)  # into the view itself
             p.grad = view if self.stage <= 1 else None
-            unit.ready += 1
-            if self.stage >= 2 and unit.ready == len(unit.layout.params):
+            unit.got[j] = unit.used[j] = True
+            if self.stage >= 2 and all(unit.got):  # a second backward before step() accumulates
                 self._reduce_scatter(i)
         return hook
 
@@ -205,12 +190,13 @@ class ZeRO:
         so that at most one unit's full gradient buffer is alive besides the one being filled."""
         self._finish_reduce()
         unit = self.units[i]
-        if unit.grad_full is None:  # no parameter of the unit got a gradient this step
-            unit.grad_full = torch.zeros(unit.layout.padded_numel, device=unit.flat.device)
-        work = reduce_scatter(unit.grad_shard, unit.grad_full, self.group, self.log, tag=f"unit{i}",
-                              async_op=True)
-        self.in_flight = (i, work)
-        unit.ready = len(unit.layout.params)
+        if unit.grad_full is None:  # no parameter of the unit got a gradient in this pass
+            unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
+        into = unit.grad_shard if unit.passes == 0 else torch.empty_like(unit.grad_shard)
+        work = reduce_scatter(into, unit.grad_full, self.group, self.log, tag=f"unit{i}", async_op=True)
+        self.in_flight = (i, work, into)
+        unit.got = [False] * len(unit.layout.params)
+        unit.passes += 1
         if self.gather is not None:
             self.gather.mark_backward_done(i)
 
@@ -218,11 +204,13 @@ class ZeRO:
         """Wait for the reduce-scatter in flight, average its shard, free the full gradient."""
         if self.in_flight is None:
             return
-        i, work = self.in_flight
+        i, work, into = self.in_flight
         self.in_flight = None
         work.wait()
         unit = self.units[i]
-        unit.grad_shard.div_(self.n)
+        into.div_(self.n)
+        if into is not unit.grad_shard:  # gradient accumulation: later passes add to the first
+            unit.grad_shard.add_(into)
         unit.grad_full = None  # stages 2 and 3 keep only the shard
         if unit.host is not None:
             unit.host.grad_to_host(unit.grad_shard)
@@ -231,6 +219,12 @@ class ZeRO:
     def _averaged_grad(self, i: int) -> Tensor:
         """Unit i's gradient averaged over the group, for this rank's shard (stage 0: all of it)."""
         unit = self.units[i]
+        if self.stage <= 1:  # a parameter with no gradient this step must not add a stale one
+            if unit.grad_full is None:
+                unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
+            for view, used in zip(unit.layout.views(unit.grad_full), unit.used, strict=True):
+                if not used:
+                    view.zero_()
         if self.stage == 0:
             all_reduce(unit.grad_full, self.group, self.log, tag=f"unit{i}")
             return unit.grad_full.div_(self.n)
@@ -248,27 +242,42 @@ class ZeRO:
             self.gather.release_all()
         if self.stage >= 2:
             for i, unit in enumerate(self.units):
-                if unit.ready < len(unit.layout.params):  # a unit some parameter of which got no gradient
+                if any(unit.got) or unit.passes == 0:  # a unit some parameter of which got no gradient
                     self._reduce_scatter(i)
             self._finish_reduce()
+        active = self._active()
         for i, unit in enumerate(self.units):
             grad = self._averaged_grad(i)
             if unit.host is not None:
                 if self.stage <= 1:
                     unit.host.grad_to_host(grad)
-                unit.host.step_into(unit.shard)
+                unit.host.step_into(unit.shard, active[i])
             else:
-                unit.adam.step(unit.shard, grad)
+                unit.adam.step(unit.shard, grad, active[i])
             if self.stage in (1, 2):
                 all_gather(unit.flat, unit.shard.clone(), self.group, self.log, tag=f"unit{i}")
-            unit.ready = 0
+            unit.forget()
+
+    def _active(self) -> list[list[bool]]:
+        """Per unit and parameter: did it get a gradient on any rank this step? torch.optim skips a
+        parameter whose .grad is None; ZeRO does the same for one that got no gradient anywhere. One
+        all-reduce of a byte per parameter, a control message outside the paper's volume (not logged)."""
+        used = torch.tensor([u for unit in self.units for u in unit.used], dtype=torch.uint8)
+        flags = used.to(self.units[0].flat.device, torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        out, k = [], 0
+        for unit in self.units:
+            m = len(unit.layout.params)
+            out.append([bool(f) for f in flags[k:k + m].tolist()])
+            k += m
+        return out
 
     def zero_grad(self) -> None:
         """Forget this step's gradients (the buffers stay allocated, as DDP's buckets do)."""
         for unit in self.units:
             for p in unit.layout.params:
                 p.grad = None
-            unit.ready = 0
+            unit.forget()
 
     # -- reading the model back
     def full_parameters(self) -> dict[str, Tensor]:

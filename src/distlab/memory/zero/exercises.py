@@ -9,7 +9,8 @@ gradient averaged over the group: pad to a multiple of N, reduce-scatter, divide
 are not the first ranks of the world, so that a global rank used in place of the group rank shows: N = 1
 on {0} beside N = 3 on {1, 2, 3}, then N = 2 on {0, 1} and on {2, 3}, then N = 4. With 10 values, N = 3
 and N = 4 need padding. Each case says what is wrong: not averaged, the wrong shard, no padding, no
-communication, or an all-reduce where a reduce-scatter does (right values, twice the traffic).
+communication, or an all-reduce where a reduce-scatter does (right values, twice the traffic: the calls
+are seen by `distlab.comm_log`, however the student makes them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from torch import Tensor
 
 from distlab import launch
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
-from distlab.memory.zero_comm import reduce_scatter
+from distlab.comm_log import comm_log
+from distlab.memory.zero.comm import reduce_scatter
 
 NUMEL = 10
 PHASES = ([[0], [1, 2, 3]], [[0, 1], [2, 3]], [[0, 1, 2, 3]])  # groups run at the same time, per phase
@@ -91,25 +93,16 @@ def _run_case(fn: Callable[[Tensor, dist.ProcessGroup | None], Tensor], group: d
               n: int) -> list[str]:
     """Inside a rank of `group`: call fn, count its all-reduces, and explain what is wrong ([] = right)."""
     r = dist.get_rank(group)
-    calls = {"all_reduce": 0}
-    original = dist.all_reduce
-
-    def counting_all_reduce(*args, **kwargs):
-        calls["all_reduce"] += 1
-        return original(*args, **kwargs)
-
-    dist.all_reduce = counting_all_reduce
-    try:
-        out = fn(_gradient(r).clone(), group)
-    except Exception as e:  # the student's error, reported as a line of the check
-        return [NOT_WRITTEN if is_stub(e) else f"raised {type(e).__name__}: {e}"]
-    finally:
-        dist.all_reduce = original
+    with comm_log() as log:  # sees every collective fn calls, however it calls it
+        try:
+            out = fn(_gradient(r).clone(), group)
+        except Exception as e:  # the student's error, reported as a line of the check
+            return [NOT_WRITTEN if is_stub(e) else f"raised {type(e).__name__}: {e}"]
     if not isinstance(out, Tensor):
         return [f"returned {type(out).__name__}, not a Tensor"]
     out = out.detach().reshape(-1).float()
     lines = _shape_problem(out, n, r) or _value_problem(out, n, r)
-    if not lines and calls["all_reduce"] and n > 1:
+    if not lines and log.calls(op="all_reduce") and n > 1:
         lines = ["the values are right, but an all-reduce sends 2 (N-1)/N of the gradient per rank where a "
                  "reduce-scatter sends (N-1)/N: use dist.reduce_scatter_single (reduce_scatter_tensor)"]
     return lines

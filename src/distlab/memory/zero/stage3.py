@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab.memory.zero_comm import CommLog, all_gather
-from distlab.memory.zero_flat import alloc_storage, free_storage
+from distlab.memory.zero.comm import CommLog, all_gather
+from distlab.memory.zero.flat import alloc_storage, free_storage
 
 
 def _output_tensors(out: Any) -> list[Tensor]:

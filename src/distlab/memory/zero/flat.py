@@ -89,37 +89,82 @@ class AdamConfig:
             raise ValueError(f"lr={self.lr!r} must be a positive number, e.g. lr=1e-3")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas={self.betas!r} must both be in [0, 1), e.g. betas=(0.9, 0.999)")
+        if not (self.eps >= 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps={self.eps!r} must be a finite number >= 0 (it keeps Adam's division away "
+                             "from zero), e.g. eps=1e-8")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be a finite number >= 0, e.g. "
+                             "weight_decay=0.0 (none) or 0.01")
 
 
 class ShardAdam:
     """Adam's state (exp_avg m, exp_avg_sq v: 8 bytes per fp32 element) for one flat shard, and its step.
 
     The operations are those of `torch.optim.Adam` (single-tensor path, amsgrad off), in its order.
-    The state is fp32 (`dtype`), or fp64 for a float64 model, whose parity checks need every digit.
+    The state is fp32 (`dtype`), or fp64 for a float64 model, whose parity checks need every digit; a
+    bf16 or fp16 shard is updated from fp32 state. `segments[j]` is the (start, stop) of parameter j
+    inside the shard (None where the parameter lies outside it): torch counts Adam's steps per parameter
+    and skips a parameter that got no gradient, so the step does the same, segment by segment, when
+    `active` says some parameter got none (or the counts differ); otherwise it updates the shard at once.
     """
 
     def __init__(self, numel: int, config: AdamConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 segments: Sequence[tuple[int, int] | None] | None = None) -> None:
         self.config = config
         self.exp_avg = torch.zeros(numel, device=device, dtype=dtype)
         self.exp_avg_sq = torch.zeros(numel, device=device, dtype=dtype)
-        self.step_count = 0
+        self.segments = list(segments) if segments is not None else [(0, numel)]
+        self.steps = [0] * len(self.segments)
+
+    @property
+    def step_count(self) -> int:
+        """Adam's step t (the largest over the parameters, which agree unless one was skipped)."""
+        return max(self.steps, default=0)
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self.steps = [int(value)] * len(self.segments)
 
     def state_tensors(self) -> list[Tensor]:
         return [self.exp_avg, self.exp_avg_sq]
 
-    def step(self, param: Tensor, grad: Tensor) -> None:
-        """Update the flat shard `param` in place from its averaged gradient `grad`."""
+    def step(self, param: Tensor, grad: Tensor, active: Sequence[bool] | None = None) -> None:
+        """Update the flat shard `param` in place from its averaged gradient `grad`; parameter j is
+        updated only where `active[j]` (None: all are)."""
+        on = [True] * len(self.segments) if active is None else list(active)
+        if all(on) and len(set(self.steps)) <= 1:
+            self.steps = [s + 1 for s in self.steps]
+            self._update(param, grad, self.exp_avg, self.exp_avg_sq, self.step_count)
+            return
+        for j, seg in enumerate(self.segments):
+            if on[j] and seg is not None:
+                self.steps[j] += 1
+                a, b = seg
+                self._update(param[a:b], grad[a:b], self.exp_avg[a:b], self.exp_avg_sq[a:b], self.steps[j])
+
+    def _update(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, t: int) -> None:
         c = self.config
         beta1, beta2 = c.betas
-        self.step_count += 1
+        grad = grad.to(exp_avg.dtype)  # a bf16/fp16 gradient meets fp32 state
         if c.weight_decay != 0:
             grad = grad.add(param, alpha=c.weight_decay)
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = float(self.step_count)  # torch keeps the step as a float32 tensor and reads it back
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step = float(t)  # torch keeps the step as a float32 tensor and reads it back
         bias_correction1 = 1 - beta1**step
         bias_correction2 = 1 - beta2**step
         step_size = c.lr / bias_correction1
-        denom = (self.exp_avg_sq.sqrt() / bias_correction2**0.5).add_(c.eps)
-        param.addcdiv_(self.exp_avg, denom, value=-step_size)
+        denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(c.eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def shard_segments(layout: FlatUnit, rank: int) -> list[tuple[int, int] | None]:
+    """Where each parameter of `layout` lies inside group-rank `rank`'s shard: (start, stop) offsets in
+    the shard, or None for a parameter wholly outside it."""
+    lo, hi = rank * layout.shard_numel, (rank + 1) * layout.shard_numel
+    out: list[tuple[int, int] | None] = []
+    for a, b in zip(layout.offsets[:-1], layout.offsets[1:], strict=True):
+        a, b = max(a, lo), min(b, hi)
+        out.append((a - lo, b - lo) if a < b else None)
+    return out

@@ -9,7 +9,7 @@ bytes sent; the lab and the tests compare the sums with the paper's 2 Psi and 3 
 
 The wrappers call `torch.distributed.reduce_scatter_single` and `all_gather_single` (torch 2.13's names
 for `reduce_scatter_tensor` and `all_gather_into_tensor`); gloo implements both on CPU and NCCL on GPU,
-so no fallback is needed. ZeRO pads its flat buffers to a multiple of N elements (see `zero_flat`), so
+so no fallback is needed. ZeRO pads its flat buffers to a multiple of N elements (see `flat`), so
 its byte counts are exact integers; for other buffers (PowerSGD's) the count is rounded down.
 """
 

@@ -1,0 +1,36 @@
+"""What every ZeRO entry point checks before its first collective: the stage, the group, the mesh dim."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+STAGES = (0, 1, 2, 3)
+
+
+def check_stage(stage: object) -> int:
+    """`stage` if it is 0, 1, 2 or 3, else a ValueError that says what each one is."""
+    if isinstance(stage, bool) or stage not in STAGES:
+        raise ValueError(f"stage={stage!r} is not a ZeRO stage; choose 0 (plain data parallelism), 1 (shard "
+                         "the optimizer state), 2 (+ gradients) or 3 (+ parameters)")
+    return int(stage)  # type: ignore[call-overload]
+
+
+def check_group(group: dist.ProcessGroup | None) -> None:
+    """Raise a clear error, before any collective, when this rank cannot run ZeRO on `group`."""
+    if not dist.is_initialized():
+        raise RuntimeError("ZeRO needs a process group, and none is initialised in this process: build "
+                           "it inside a function started by distlab.launch.run(fn, n) or under torchrun")
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(f"group={dist.get_process_group_ranks(group)} (global ranks) does not contain this "
+                         f"rank ({dist.get_rank()}); pass the data-parallel group this rank belongs to, "
+                         "e.g. mesh['dp'].get_group() on every rank")
+
+
+def dp_group(mesh: DeviceMesh, axis: str = "dp") -> dist.ProcessGroup:
+    """The group of this rank along the mesh's data-parallel axis `axis`, the group ZeRO shards over."""
+    names = mesh.mesh_dim_names or ()
+    if axis not in names:
+        raise ValueError(f"axis={axis!r} is not an axis of the mesh, whose axes are {list(names)}; build the "
+                         f"mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel axis")
+    return mesh[axis].get_group()
