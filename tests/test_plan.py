@@ -121,8 +121,8 @@ def test_llama_fits_without_recomputation_only_with_its_shorter_rounds() -> None
     for run in RUNS:
         if run.name.startswith("llama3"):
             assert run.recompute == "none" and judge(run)["fits"]
-            megatron_rounds = dataclasses.replace(run, settings=dataclasses.replace(run.settings, rounds=None))
-            assert not judge(megatron_rounds)["fits"]
+            rounds_p = dataclasses.replace(run, settings=dataclasses.replace(run.settings, rounds=None))
+            assert not judge(rounds_p)["fits"]
 
 
 def test_published_table_matches_the_papers() -> None:

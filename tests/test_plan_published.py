@@ -33,7 +33,8 @@ def test_published_run_fits_and_its_throughput_is_within_15_percent(run) -> None
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.name)
 def test_published_step_is_within_10_percent_of_the_planners_best(run) -> None:
-    rows = plan(run.model_spec(), run.cluster(), run.workload(), run.settings, **OPTIONS_OF_THE_TIME[run.name])
+    space = OPTIONS_OF_THE_TIME[run.name]
+    rows = plan(run.model_spec(), run.cluster(), run.workload(), run.settings, **space)
     gap = judge(run)["time"]["total"] / rows[0].time.total - 1
     assert gap >= -1e-9  # the published configuration is one of the candidates
     if run.name in EXPLAINED:

@@ -41,8 +41,8 @@ def stage_layers(layers: int, pp: int, split: Sequence[int] | None = None) -> tu
     if split is not None:
         split = tuple(split)
         if len(split) != pp or sum(split) != layers or min(split) < 1:
-            raise ValueError(f"layer_split={list(split)} must give {pp} stages (pp={pp}) of at least one layer "
-                             f"each, summing to layers={layers}; e.g. {list(stage_layers(layers, pp))}")
+            raise ValueError(f"layer_split={list(split)} must give {pp} stages (pp={pp}) of at least one "
+                             f"layer each, summing to layers={layers}; e.g. {list(stage_layers(layers, pp))}")
         return split
     if pp > layers:
         raise ValueError(f"pp={pp} exceeds layers={layers}: every pipeline stage needs at least one layer; "
@@ -54,7 +54,7 @@ def stage_layers(layers: int, pp: int, split: Sequence[int] | None = None) -> tu
 
 
 def _middle_first(pp: int) -> list[int]:
-    """Stage indices, the middle ones first and the two ends last (first stage, then last, at the very end)."""
+    """Stage indices, the middle ones first, then the last stage, then the first."""
     inner = sorted(range(1, pp - 1), key=lambda i: (abs(2 * i - (pp - 1)), i))
     return inner + ([pp - 1] if pp > 1 else []) + [0]
 
@@ -75,8 +75,11 @@ def in_flight(schedule: str, stage: int, pp: int, m: int, v: int, rounds: int | 
     return ((v - 1) * n + 2 * (pp - 1 - stage) + 1) / v
 
 
-def swap_block_terms(terms: dict[str, tuple[float, bool]], s: int, b: int, hidden: int, heads: int,
-                     kv_heads: int | None, ffn: int | None, gated: bool, e: int) -> dict[str, tuple[float, bool]]:
+Terms = dict[str, tuple[float, bool]]
+
+
+def swap_block_terms(terms: Terms, s: int, b: int, hidden: int, heads: int, kv_heads: int | None,
+                     ffn: int | None, gated: bool, e: int) -> Terms:
     """Korthikanti et al.'s saved tensors of one block (`cost_model.layer_activation_terms`) with the shape's
     own widths: q, k, v as s b (h + 2 h_kv) e; the MLP's saved tensors as 2 s b f e (GELU input and the
     output layer's input) or, gated, 3 s b f e (gate output, up output, their product)."""

@@ -98,9 +98,11 @@ def _pinned_candidate(a: argparse.Namespace, p: argparse.ArgumentParser) -> Cand
     if not given:
         return None
     if len(given) < len(PIN):
-        p.error(f"pin all of --dp --tp --pp --cp (got {', '.join('--' + n for n in given)}); or none to search")
+        got = ", ".join("--" + n for n in given)
+        p.error(f"pin all of --dp --tp --pp --cp (got {got}); or none to search")
     if len(a.zero) != 1 or len(a.recompute) != 1 or len(a.interleave) != 1 or a.micro_batch is None:
-        p.error("a pinned configuration takes one --zero, one --recompute, one --interleave and --micro-batch")
+        p.error("a pinned configuration takes one --zero, one --recompute, one --interleave and "
+                "--micro-batch")
     return Candidate(a.dp, a.tp, a.pp, a.cp, a.zero[0], a.recompute[0], a.micro_batch, a.interleave[0])
 
 

@@ -25,7 +25,8 @@ The terms, per GPU, with eta the kernels' efficiency (`distlab.plan.efficiency`)
   layers' compute, recomputation, tp and cp time; the first stage also runs the embedding, the last the
   output layer. The idle time is that minus the four terms above: the fill and drain, the wait for the
   stage with the most work (uneven splits), and with contiguous cp chunks the wait for the rank with the
-  most causal attention ((2c - 1)/c of the mean; zig-zag chunks, as Llama 3 cuts them, balance it; Dubey et al. 2024, sec. 3.3.2).
+  most causal attention ((2c - 1)/c of the mean; zig-zag chunks, as Llama 3 cuts them, balance it;
+  Dubey et al. 2024, sec. 3.3.2).
 - **pp**: 2 v (m + p - 1) point-to-point transfers of b (s/c) h / t elements (activations forward,
   gradients back), on the network when the pipeline crosses servers.
 - **dp**: what the data-parallel collectives add that does not overlap, over the d c replicas of each
@@ -90,7 +91,8 @@ def layer_flops_per_token(model: ModelSpec) -> float:
 def model_flops(model: ModelSpec, batch: int) -> float:
     """F = 3 B s (L (2 W + 4 s h) + 2 V h); for a GPT-3 block Narayanan et al.'s eq. (3) without its
     recomputation pass, 72 B s L h^2 (1 + s/(6h)) + 6 B s h V."""
-    return 3 * batch * model.seq * (model.layers * layer_flops_per_token(model) + 2 * model.vocab * model.hidden)
+    per_token = model.layers * layer_flops_per_token(model) + 2 * model.vocab * model.hidden
+    return 3 * batch * model.seq * per_token
 
 
 def recompute_flops(model: ModelSpec, batch: int, recompute: str) -> float:

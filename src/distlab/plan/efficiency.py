@@ -81,7 +81,8 @@ def _table() -> dict[str, Efficiency]:
     eta = round(kernel_efficiency(a100), 2)
     out = {"A100": Efficiency("A100", eta, a100.source, a100.where)}
     for gpu in ("V100", "H100"):
-        out[gpu] = Efficiency(gpu, eta, a100.source, f"the A100's value ({a100.where}), carried", carried=True)
+        where = f"the A100's value ({a100.where}), carried"
+        out[gpu] = Efficiency(gpu, eta, a100.source, where, carried=True)
     return out
 
 
@@ -91,6 +92,6 @@ EFFICIENCY = _table()
 def efficiency_for(gpu: str) -> float:
     """eta for `gpu` (`EFFICIENCY`); a ValueError naming the known types otherwise."""
     if gpu not in EFFICIENCY:
-        raise ValueError(f"gpu={gpu!r} has no efficiency in distlab.plan.efficiency.EFFICIENCY; choose one of "
-                         f"{', '.join(EFFICIENCY)} or give --efficiency")
+        raise ValueError(f"gpu={gpu!r} has no efficiency in distlab.plan.efficiency.EFFICIENCY; choose one "
+                         f"of {', '.join(EFFICIENCY)} or give --efficiency")
     return EFFICIENCY[gpu].eta

@@ -2,7 +2,8 @@
 
 `ModelSpec` is a decoder described as chapter 7's estimator describes one (layers, hidden, heads,
 vocabulary, sequence length), with the shape options of `distlab.memory.shape` (grouped-query attention,
-an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published shapes. `ClusterSpec` is a number of identical servers from `distlab.catalog`:
+an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published shapes.
+`ClusterSpec` is a number of identical servers from `distlab.catalog`:
 its GPU's peak dense 16-bit FLOP/s, the NVLink bandwidth inside a server and the InfiniBand NICs across
 servers come from the catalog's rows; the HBM capacity, which the catalog does not hold, comes from
 `HBM_GB` here (each row with its source). `Workload` is the global batch and the kernels' efficiency
@@ -68,8 +69,9 @@ class ModelSpec:
         if self.ffn is not None:
             limits.check_int("ffn", self.ffn, 1)
         if self.params > MAX_PARAMS:
-            raise ValueError(f"model of {self.params:.3g} parameters is beyond any trained model: the bound is "
-                             f"{MAX_PARAMS:.0e} (the largest dense models have about 2e12); check the shape")
+            raise ValueError(f"model of {self.params:.3g} parameters is beyond any trained model: the bound "
+                             f"is {MAX_PARAMS:.0e} (the largest dense models have about 2e12); check the "
+                             "shape")
 
     def shape(self) -> dict[str, Any]:
         """The shape options chapter 7's `MemoryConfig` takes."""
@@ -93,8 +95,9 @@ class ModelSpec:
         per = shape.block_weights(h, self.heads, self.kv_heads, self.ffn, self.gated)
         emb = ("tied" if self.tied else "untied") + " embeddings" + (", learned positions" if self.positions
                                                                     else "")
-        return (f"{self.params / 1e9:.4g}B parameters: {self.layers} blocks of h={h}, {self.heads} heads, {kv}, "
-                f"{mlp} ({per / (12 * h * h):.4f} x 12h^2 weights per block), vocabulary {self.vocab}, {emb}")
+        return (f"{self.params / 1e9:.4g}B parameters: {self.layers} blocks of h={h}, {self.heads} heads, "
+                f"{kv}, {mlp} ({per / (12 * h * h):.4f} x 12h^2 weights per block), vocabulary {self.vocab}, "
+                f"{emb}")
 
 
 MAX_PARAMS = 1e15

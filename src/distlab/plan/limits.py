@@ -39,8 +39,8 @@ def check_int(name: str, value: object, low: int = 1, flag: str | None = None) -
         raise ValueError(f"{name}={value} must be at least {low}")
     high, why = BOUNDS.get(name, (math.inf, ""))
     if value > high:
-        raise ValueError(f"{name}={value} is beyond any real machine or model: the bound is {high:,} ({why}); "
-                         "check the value")
+        raise ValueError(f"{name}={value} is beyond any real machine or model: the bound is {high:,} "
+                         f"({why}); check the value")
     return value
 
 

@@ -9,7 +9,6 @@ from distlab.plan.cost_model import TERMS
 from distlab.plan.planner import judge
 from distlab.plan.published import RUNS
 
-
 TERM_HEADS = {"compute": "compute s", "recompute": "recomp s", "bubble": "bubble s", "tp": "TPcomm s",
               "pp": "PPcomm s", "cp": "CPcomm s", "dp": "DPcomm s"}
 
