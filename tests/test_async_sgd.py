@@ -64,16 +64,18 @@ def test_sync_mode_equals_single_process_sgd(workers):
     assert all(u.staleness == 0 and u.clock_gap == 0 for u in run.server.updates)
     assert len(run.server.updates) == steps * workers
     applied_exactly_once(run)
-    assert parity.compare(run.server, ref, f"{workers} worker(s)") == (
-        f"{workers} worker(s): all 6 steps equal single-process SGD, staleness 0: passed")
+    assert parity.sync_parity(run.server, ref, f"{workers} worker(s)").verdict() == (
+        f"{workers} worker(s): all 7 snapshots and staleness agree with single-process SGD within 1e-05: ok")
     late = ServerLog(run.server.config, workers, run.server.updates[:1], run.server.snapshots[:1])
     with pytest.raises(AssertionError, match=r"recorded versions \[0\], expected 0 to 6"):
-        parity.compare(late, ref, "x")
+        parity.sync_parity(late, ref, "x")
     off = [(v, t, p + 1e-3 * (v == 3)) for v, t, p in run.server.snapshots]
-    with pytest.raises(AssertionError, match=r"x: the parameters after step 3 differ from single-process"):
-        parity.compare(ServerLog(run.server.config, workers, run.server.updates, off), ref, "x")
+    report = parity.sync_parity(ServerLog(run.server.config, workers, run.server.updates, off), ref, "x")
+    assert report.failures() == ["snapshots[3]"]
+    with pytest.raises(AssertionError, match=r"x: max \|diff\| 1.00e-03 at snapshots\[3\]"):
+        report.assert_passed()
     with pytest.raises(ValueError, match=r"the reference has 1 entries, the initial point and no step"):
-        parity.compare(run.server, ref[:1], "x")
+        parity.sync_parity(run.server, ref[:1], "x")
 
 
 def _on_each_half() -> dict:

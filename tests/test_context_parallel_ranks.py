@@ -1,16 +1,20 @@
 """Chapter 10 on ranks: ring attention against dense causal attention at 2, 3 and 4 ranks, both layouts,
 float64, outputs and gradients, with the work and the bytes of every rank against the formulas; an
 uneven length padded; the course GPT and the memory measurement (2 ranks); and the cp sub-groups of a
-2 x 2 mesh (4 ranks). One launch per world size (world size 1 is in test_context_parallel.py)."""
+2 x 2 mesh (4 ranks); the GPT's loss with ignored targets (-100: some, all, and the padding of an uneven
+length) against F.cross_entropy(ignore_index=-100), loss and every gradient, at 1 to 4 ranks and both
+layouts. One launch per world size (world size 1 is in test_context_parallel.py, and here without ranks
+for the ignored targets)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from distlab import launch
 from distlab.context_parallel import cost_model
-from distlab.context_parallel.parity import ParityReport, attention_parity
+from distlab.context_parallel.parity import CPParityReport, attention_parity
 
 TOL = 1e-12  # float64
 SHAPE = {"batch": 2, "heads": 2, "head_dim": 8}
@@ -31,10 +35,58 @@ def _on_ranks(seq_len: int, uneven: int, extras: bool) -> dict:
     if dist.get_world_size() == 4:  # the same 4 ranks as dp=2 x cp=2: each cp pair runs its own ring
         group = grid(dp=2, cp=2)["cp"].get_group()
         out["sub"] = [attention_parity(layout, seq_len=16, group=group, **SHAPE) for layout in layouts]
+    out["ignored"] = _ignored_targets_parity()
     return out
 
 
-def _check_reports(reports: list[ParityReport], p: int, seq_len: int) -> None:
+def _ignored_targets_parity(group: dist.ProcessGroup | None = None) -> dict[str, str]:
+    """{case/layout: verdict} of the cp loss (summed over the group) and every gradient (all-reduced)
+    against the dense GPT's F.cross_entropy(ignore_index=-100), in float64 (`distlab.parity.compare`).
+    Cases: a third of the targets ignored; all of them (the dense loss is NaN, its gradients zero: NaN
+    against NaN agrees, NaN against a number fails); an uneven length padded at its end, inputs with
+    token 0 and targets with -100, against the dense run unpadded."""
+    from distlab.context_parallel.layer import all_reduce_grads, cp_gpt_loss
+    from distlab.context_parallel.layouts import pad_to_multiple
+    from distlab.mesh import group_size
+    from distlab.models import GPT, GPTConfig
+    from distlab.parity import compare
+
+    torch.manual_seed(3)
+    config = GPTConfig(vocab_size=7, block_size=24, n_layer=1, n_head=2, n_embd=8)
+    dense = GPT(config).double()
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, config.vocab_size, (2, 24), generator=g)
+    some = torch.randint(0, config.vocab_size, (2, 24), generator=g)
+    some[torch.rand(2, 24, generator=g) < 1 / 3] = -100
+    p = group_size(group)
+    uneven = 4 * p - 1 if p > 1 else 5
+    out = {}
+    for case, (x, y) in {"some": (idx, some), "all": (idx, torch.full_like(idx, -100)),
+                         "padded": (idx[:, :uneven], some[:, :uneven])}.items():
+        for layout in ("zigzag", "contiguous"):
+            ref, ring = GPT(config).double(), GPT(config).double()
+            ref.load_state_dict(dense.state_dict())
+            ring.load_state_dict(dense.state_dict())
+            _, want = ref(x, y)
+            want.backward()
+            xs, ys = x, y
+            if case == "padded":
+                xs = pad_to_multiple(x, p, layout, dim=1)
+                ys = pad_to_multiple(y, p, layout, dim=1, value=-100)
+            loss = cp_gpt_loss(ring, xs, ys, group=group, layout=layout)
+            loss.backward()
+            all_reduce_grads(ring, group)
+            total = loss.detach().clone()
+            if p > 1:
+                dist.all_reduce(total, group=group)
+            ours = {"loss": total, "gradients": {n: q.grad for n, q in ring.named_parameters()}}
+            theirs = {"loss": want.detach(), "gradients": {n: q.grad for n, q in ref.named_parameters()}}
+            out[f"{case}/{layout}"] = compare(ours, theirs, dtype=torch.float64, equal_nan=True,
+                                              label=f"{case}/{layout}").verdict()
+    return out
+
+
+def _check_reports(reports: list[CPParityReport], p: int, seq_len: int) -> None:
     for rep in reports:
         assert max(rep.max_error.values()) <= TOL, rep
         r = rep.rank
@@ -50,6 +102,7 @@ def _check_reports(reports: list[ParityReport], p: int, seq_len: int) -> None:
 def test_ring_attention_on_ranks(p: int, seq_len: int, uneven: int) -> None:
     results = launch.run(_on_ranks, p, seq_len, uneven, p == 2)
     for r, res in enumerate(results):
+        _check_ignored(res["ignored"])
         assert [rep.rank for rep in res["even"]] == [r, r]
         _check_reports(res["even"], p, seq_len)
         for rep in res["padded"]:
@@ -63,5 +116,16 @@ def test_ring_attention_on_ranks(p: int, seq_len: int, uneven: int) -> None:
             _check_reports(res["sub"], 2, 16)
     if p == 2:
         for res in results:
-            assert all(g["loss"] <= TOL and g["grads"] <= TOL for g in res["gpt"])
+            assert all(g.worst() <= TOL for g in res["gpt"])
             assert res["memory"] == cost_model.attention_saved_bytes(2, seq_len, 1, 2, 8, 8)
+
+
+def _check_ignored(verdicts: dict[str, str]) -> None:
+    assert sorted(verdicts) == sorted(f"{c}/{lay}" for c in ("some", "all", "padded")
+                                      for lay in ("zigzag", "contiguous"))
+    for case, line in verdicts.items():
+        assert line == f"{case}: loss and all 16 gradients agree within 1e-10: ok", line
+
+
+def test_ignored_targets_count_as_in_cross_entropy_on_one_process() -> None:
+    _check_ignored(_ignored_targets_parity())

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 from torch.utils.checkpoint import checkpoint
 
-from distlab import launch, mesh, sharding
+from distlab import launch, mesh, models, reference, sharding
 from distlab.collectives.cost_model import MachineParams
 from distlab.data_parallel import (
     bench,
@@ -48,7 +48,7 @@ STRATEGIES = ["per_parameter", "bucketed", "overlapped", "ddp"]
 BUCKET = 4096  # small buckets: the MLP's 5.6 K parameters fall into several
 
 
-def _grads_one_step(task: train.Task, strategy: str) -> dict[str, torch.Tensor]:
+def _grads_one_step(task: reference.Task, strategy: str) -> dict[str, torch.Tensor]:
     """Inside a rank: the averaged gradients of step 0, with `strategy`."""
     p, r = dist.get_world_size(), dist.get_rank()
     model = task.build(0)
@@ -79,7 +79,7 @@ def _error_of(kind: type[Exception], fn) -> str:
 def _work(with_gpt: bool, with_exercise: bool) -> dict:
     """Everything one rank does for the tests of one world size (see the module docstring)."""
     p, r = dist.get_world_size(), dist.get_rank()
-    mlp = train.mlp_task()
+    mlp = reference.mlp_task()
     out: dict = {"params": {}, "grads": {}}
     for s in STRATEGIES:
         out["params"][s] = train.train_data_parallel(mlp, s, STEPS, BATCH, bucket_bytes=BUCKET)
@@ -89,7 +89,7 @@ def _work(with_gpt: bool, with_exercise: bool) -> dict:
     for s in sync.STRATEGIES:
         out["grads"][s] = _grads_one_step(mlp, s)
     if with_gpt:
-        gpt = train.gpt_task()
+        gpt = reference.gpt_task()
         for s in ("overlapped", "ddp"):
             out["params"][f"gpt:{s}"] = train.train_data_parallel(gpt, s, 2, BATCH, lr=0.1,
                                                                   bucket_bytes=BUCKET)
@@ -142,7 +142,7 @@ def _work(with_gpt: bool, with_exercise: bool) -> dict:
         out["exercise"] = {f.__name__: exercises.run_in_rank(f) for f in (
             lambda b: all_reduce_bucket(b), no_average, no_copy_back, reversed_copy, broadcast_rank0)}
         results = bench.measure(["bucketed", "overlapped", "ddp", "compute"], per_rank_batch=4, steps=1,
-                                rounds=1, bucket_bytes=BUCKET, task=train.mlp_task((8, 64, 64, 8)))
+                                rounds=1, bucket_bytes=BUCKET, task=reference.mlp_task((8, 64, 64, 8)))
         out["bench"] = results
         # a parameter whose gradient is accumulated twice in one backward (reentrant checkpointing around
         # a layer also used outside it) must stop the overlapped strategy, not launch a partial bucket;
@@ -156,7 +156,7 @@ def _work(with_gpt: bool, with_exercise: bool) -> dict:
     return out
 
 
-def _unfrozen_after_building(task: train.Task, strategy: str) -> str:
+def _unfrozen_after_building(task: reference.Task, strategy: str) -> str:
     """A layer unfrozen after the strategy was built has no bucket: finish() must refuse, not skip it."""
     model = task.build(0)
     model[0].weight.requires_grad_(False)
@@ -175,7 +175,7 @@ def _ranks(p: int) -> list[dict]:
 
 @functools.cache
 def _reference(task_name: str, steps: int) -> dict[str, torch.Tensor]:
-    task = train.gpt_task() if task_name == "gpt" else train.mlp_task()
+    task = reference.gpt_task() if task_name == "gpt" else reference.mlp_task()
     return train.train_single_process(task, steps, BATCH, lr=0.1 if task_name == "gpt" else 0.05)
 
 
@@ -196,7 +196,7 @@ def test_every_strategy_matches_one_process_and_ddp(p: int) -> None:
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 def test_averaged_gradients_equal_whole_batch_gradient(p: int) -> None:
-    task = train.mlp_task()
+    task = reference.mlp_task()
     model = task.build(0)
     idx = sharding.batch_indices(len(task), BATCH, 0, 0)
     task.loss(model, task.inputs[idx], task.targets[idx]).backward()
@@ -239,7 +239,7 @@ def test_check_batch_and_bucket_bytes_messages() -> None:
 
 
 def test_buckets_follow_reverse_registration_order_and_cap() -> None:
-    model = train.models.MLP([16, 64, 64, 4])  # weights 4 KiB, 16 KiB, 1 KiB; biases 256, 256, 16 B
+    model = models.MLP([16, 64, 64, 4])  # weights 4 KiB, 16 KiB, 1 KiB; biases 256, 256, 16 B
     params = list(model.parameters())
     cut = buckets.make_buckets(params, 4096)
     assert [q for b in cut for q in b] == params[::-1]  # every parameter once, last layer first
@@ -335,7 +335,7 @@ def test_figures_draw() -> None:
 
 def test_bad_settings_are_refused_before_any_rank_starts() -> None:
     # each of these would "agree" with the reference, or train something else, without an error
-    mlp = train.mlp_task()
+    mlp = reference.mlp_task()
     for fn in (train.train_data_parallel, train.train_single_process):
         with pytest.raises(ValueError, match=r"steps=0 must be a positive integer: with no step"):
             fn(mlp, steps=0)
@@ -348,7 +348,7 @@ def test_bad_settings_are_refused_before_any_rank_starts() -> None:
                                          r"bucketed, overlapped, ddp"):
         train.train_data_parallel(mlp, "ring")
     with pytest.raises(ValueError, match=r"has 3 inputs and 2 targets; give it the same number of each"):
-        train.Task("x", mlp.make_model, mlp.inputs[:3], mlp.targets[:2], mlp.loss)
+        reference.Task("x", mlp.make_model, mlp.inputs[:3], mlp.targets[:2], mlp.loss)
     with pytest.raises(ValueError, match=r"strategies \['ring'\] must be one or more of per_parameter"):
         bench.check_settings(["ring"], 2, 5, 5, 4096)
     with pytest.raises(ValueError, match=r"rounds=0 must be a positive integer"):
@@ -365,7 +365,7 @@ def test_a_strategy_refuses_parameters_it_does_not_cover() -> None:
 
 def _on_mesh() -> dict:
     """Inside 4 ranks: DP over each dim of grid(dp=2, tp=2), the benchmark over dp, a foreign group."""
-    mlp, dims, out = train.mlp_task(), {"dp": 2, "tp": 2}, {}
+    mlp, dims, out = reference.mlp_task(), {"dp": 2, "tp": 2}, {}
     for s in ("per_parameter", "bucketed", "overlapped", "ddp"):
         out["dp", s] = parity.train_on_mesh_dim(mlp, dims, "dp", seeds={0: 0, 1: 1}, strategy=s, steps=STEPS,
                                                 global_batch=BATCH, bucket_bytes=BUCKET)
@@ -376,7 +376,7 @@ def _on_mesh() -> dict:
                                                        global_batch=BATCH, bucket_bytes=BUCKET)
     dp = mesh.grid(**dims)["dp"].get_group()
     out["bench"] = bench.measure(["overlapped", "ddp"], per_rank_batch=4, steps=1, rounds=1,
-                                 bucket_bytes=BUCKET, task=train.mlp_task((8, 64, 64, 8)), group=dp)
+                                 bucket_bytes=BUCKET, task=reference.mlp_task((8, 64, 64, 8)), group=dp)
     first_two = dist.new_group([0, 1])  # collective over the world; ranks 2 and 3 are not members
     out["not a member"] = _error(sync.make_strategy, "overlapped", mlp.build(0), group=first_two)
     return out
@@ -385,7 +385,7 @@ def _on_mesh() -> dict:
 def test_data_parallel_on_one_dim_of_a_mesh_equals_the_whole_world_run() -> None:
     ranks = launch.run(_on_mesh, 4, timeout=60)
     world = _ranks(2)[0]
-    ref = {seed: train.train_single_process(train.mlp_task(), STEPS, BATCH, seed=seed) for seed in (0, 1)}
+    ref = {seed: train.train_single_process(reference.mlp_task(), STEPS, BATCH, seed=seed) for seed in (0, 1)}
     for r, rank in enumerate(ranks):
         for (dim, strategy), found in ((k, v) for k, v in rank.items() if isinstance(k, tuple)):
             seed = found["seed"]
@@ -409,14 +409,15 @@ def test_data_parallel_on_one_dim_of_a_mesh_equals_the_whole_world_run() -> None
 
 
 def test_compare_gives_a_verdict_or_names_the_parameter() -> None:
-    ref = train.train_single_process(train.mlp_task(), 1, BATCH)
-    assert parity.compare(ref, ref, "p = 2") == "p = 2: all 6 parameters equal one process's within 1e-05: ok"
+    ref = train.train_single_process(reference.mlp_task(), 1, BATCH)
+    verdict = parity.parameters_parity(ref, ref, "p = 2").verdict()
+    assert verdict == "p = 2: all 6 parameters agree with one process within 1e-05: ok"
     off = {n: t + (1e-3 if n == "2.bias" else 0.0) for n, t in ref.items()}
-    with pytest.raises(AssertionError, match=r"parameter '2.bias' differs .* by 0.001, more than the"):
-        parity.compare(off, ref, "p = 2")
+    with pytest.raises(AssertionError, match=r"max \|diff\| 1.00e-03 at parameters\[2.bias\] \(tol"):
+        parity.parameters_parity(off, ref, "p = 2").assert_passed()
     nan = {n: t * math.nan for n, t in ref.items()}
-    with pytest.raises(AssertionError, match=r"differs from the single-process reference by nan"):
-        parity.compare(nan, ref, "p = 2")
+    with pytest.raises(AssertionError, match=r"max \|diff\| nan at parameters"):
+        parity.parameters_parity(nan, ref, "p = 2").assert_passed()
 
 
 def test_command_line_help_shows_defaults_and_bad_values_get_usage_errors(capsys) -> None:

@@ -40,7 +40,7 @@ def test_in_process_checks_report_the_stub() -> None:
     from distlab.context_parallel.exercises import check_merge, check_zigzag_chunks
     from distlab.memory.exercises import check_loss_scale_update, check_sqrt_segments
     from distlab.moe.exercises import check_dispatch_combine, check_top_k_gating
-    from distlab.parallel3d.checkpoint_exercises import check_steps_lost
+    from distlab.parallel3d.checkpoint.exercises import check_steps_lost
     from distlab.parallel3d.exercises import check_coordinates, check_placement
     from distlab.pipeline.exercises import check_one_f_one_b, check_zb_h1_rank
     from distlab.plan.exercises import check_dp_term

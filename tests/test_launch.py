@@ -175,10 +175,17 @@ def test_same_worker_code_runs_under_torchrun(tmp_path):
         launch.under_torchrun(work)
     """)
     torchrun = Path(sys.executable).with_name("torchrun")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(prog)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmp)))
     assert out.returncode == 0, out.stderr
     assert "torchrun rank 0/2 gloo sum=3" in out.stdout and "torchrun rank 1/2 gloo sum=3" in out.stdout
+    # torchrun itself (torch.distributed.elastic's DefaultLogsSpecs, without --log-dir) leaves a
+    # torchelastic_* tree of empty folders in the temporary directory; here it is this test's, and
+    # nothing else is left: no file, and no folder of distlab's
+    assert all(f.name.startswith("torchelastic_") for f in tmp.iterdir())
+    assert [f for f in tmp.rglob("*") if f.is_file()] == []
 
 
 def test_under_torchrun_outside_torchrun_explains(monkeypatch):

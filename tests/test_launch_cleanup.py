@@ -16,10 +16,12 @@ from distlab import launch
 
 
 def _start_children() -> list[int]:
-    """Start one process in this rank's process group and one in a session of its own, then return."""
+    """Start one process in this rank's process group, one in a session of its own, and one in a session
+    of its own with an environment of its own (no launch marker), then return."""
     same = subprocess.Popen(["sleep", "30"])
     escaped = subprocess.Popen(["sleep", "31"], start_new_session=True)
-    return [same.pid, escaped.pid]
+    scrubbed = subprocess.Popen(["/bin/sleep", "32"], start_new_session=True, env={})
+    return [same.pid, escaped.pid, scrubbed.pid]
 
 
 def test_processes_started_by_a_rank_end_with_the_run():
@@ -104,11 +106,16 @@ def test_second_interrupt_does_not_stop_the_cleanup(tmp_path):
 
 
 def test_sigterm_to_the_launcher_ends_every_rank_and_removes_its_folder(tmp_path):
-    proc, pids, _ = _start_sleepers(tmp_path)
+    proc, pids, out = _start_sleepers(tmp_path)
     proc.terminate()
     assert proc.wait(timeout=30) == -signal.SIGTERM  # it still dies of the signal, after cleaning up
     assert wait_gone(pids) == []
     assert list((tmp_path / "tmp").iterdir()) == []
+    text = out.read_text()  # the ranks' output and where they were are not lost
+    for r in range(2):
+        assert f"[rank {r}] rank {r} is asleep" in text
+        assert f"  rank {r}: still running, in sleeper, at " in text
+    assert "launch.run was ended by SIGTERM." in text
 
 
 def test_killed_launcher_leaves_no_rank_and_no_folder_behind(tmp_path):

@@ -119,16 +119,18 @@ def _stall(seconds: float) -> None:
     dist.all_reduce(torch.ones(2))
 
 
-def test_stalled_rank_times_out_and_shows_where_the_others_were():
+def test_stalled_rank_is_the_cause_when_its_peer_times_out_waiting_for_it():
     start = time.monotonic()
     with pytest.raises(launch.RankError) as info:
         launch.run(_stall, 2, 120, timeout=2)
     assert time.monotonic() - start < 30
     msg = str(info.value)
-    assert info.value.rank == 0
-    assert re.match(r"rank 0 timed out: it waited more than 2 s in all_reduce, at .*dist.all_reduce\(torch."
-                    r"ones\(2\)\) for a message from another rank", msg)
-    assert re.search(r"  rank 1: still running, in _stall, at .*time.sleep\(seconds\)", msg)
+    assert info.value.rank == 1  # the rank asleep, not the rank that waited for it (issue 24, item 7)
+    assert re.match(r"rank 1 never came to the collective: rank 0 waited more than 2 s for it in all_reduce, "
+                    r"at .*dist.all_reduce\(torch.ones\(2\)\), while rank 1 was still running, in _stall, at "
+                    r".*time.sleep\(seconds\)", msg), msg
+    assert re.search(r"  rank 0: timed out after 2 s in all_reduce, at .*\(a consequence\)", msg)
+    assert re.search(r"  rank 1: still running, in _stall, at .*time.sleep\(seconds\)  \(the cause\)", msg)
     assert "--- where rank 1 was ---" in msg and "in _stall" in msg
 
 

@@ -297,7 +297,7 @@ def test_cli_bad_values_are_usage_errors(capsys, argv, message):
 
 
 def test_estimator_errors_name_the_value():
-    with pytest.raises(ValueError, match="zero_stage=5 is not a ZeRO stage"):
+    with pytest.raises(ValueError, match="zero=5 is not a ZeRO stage"):
         estimate(MemoryConfig(params=1e9, zero=5))
     with pytest.raises(ValueError, match="the interleaved schedule needs interleave >= 2"):
         estimate(MemoryConfig(layers=8, hidden=64, heads=4, vocab=10, pp=2, schedule="interleaved"))

@@ -281,7 +281,7 @@ def test_expert_parallel_matches_the_reference(p):
             halves = res["halves"]
             assert halves["dp"] == rank // 2 and halves["ep"] == (rank % 2, 2, 2 * (rank % 2))
             for case in halves["parity"]:
-                assert case.passed(), f"rank {rank}: {case.verdict()} {case.errors}"
+                assert case.passed, f"rank {rank}: {case.verdict()} {case.errors}"
             assert halves["traffic"].dispatch_bytes > 0
 
 

@@ -17,9 +17,9 @@ from distlab.parallel3d import (
     Plan3D,
     block_ranges,
     build_stage,
-    compare,
     make_batches,
     named_shards,
+    parity_3d,
     predicted_traffic,
     reference_run,
     train_3d,
@@ -57,9 +57,9 @@ def _check(plans: list[Plan3D], world_size: int, with_shards: bool = False) -> l
     ref = reference_run(CONFIG, BATCHES, seed=7)
     for i, plan in enumerate(plans):
         runs = [r[i] for r in results]
-        parity = compare(runs, ref, CONFIG, plan)
+        parity = parity_3d(runs, ref, CONFIG, plan)
         assert parity.passed, parity
-        assert parity.verdict().endswith("ok (tolerance 1e-10)")
+        assert parity.verdict().endswith("agree with one process within 1e-10: ok")
         names = {n for run in runs for n in run.params}
         assert names == set(ref.params), plan  # every dense parameter lives on some rank
         for run in runs:

@@ -6,7 +6,7 @@ DTensors on its (dp, tp) sub-mesh, and DCP's metadata then covers every key exac
 embedding's second copy is not written). That checkpoint is loaded at (2,2,1), (4,1,1) and (1,4,1), each
 with another ZeRO stage, and trained on: every loss curve and every final parameter equals the
 single-process run. A (2,1,2) run with ZeRO stage 2 (Adam's state cut over dp) saves, and (1,2,2) loads
-it. One format: a checkpoint of the dp x tp `checkpoint_train.Trainer` at (2, 2) loads into the 3D
+it. One format: a checkpoint of the dp x tp `checkpoint.train.Trainer` at (2, 2) loads into the 3D
 trainer at (1,2,2) and goes on like one process. Negative control: a load whose Adam state is then
 thrown away ends elsewhere.
 
@@ -29,8 +29,8 @@ from distlab import launch
 from distlab.mesh import grid
 from distlab.models import GPTConfig
 from distlab.parallel3d import Plan3D, Trainer3D, checkpoint, compare, make_batches, reference_run, train_3d
-from distlab.parallel3d.checkpoint_train import TrainConfig, Trainer, dataset, global_batch, reference_losses
-from distlab.parallel3d.checkpoint_verify import verify
+from distlab.parallel3d.checkpoint.train import TrainConfig, Trainer, dataset, global_batch, reference_losses
+from distlab.parallel3d.checkpoint.verify import verify
 from distlab.tensor_parallel import shard_state_dict
 
 TOL = 1e-10
@@ -104,7 +104,7 @@ def _all(root: str) -> dict:
 
 def _from_dp_tp(path: Path) -> list[float]:
     """One format: the dp x tp `Trainer` saves after step 3 at (2, 2); `Trainer3D` loads it at (1,2,2)."""
-    torch.set_default_dtype(torch.float64)  # checkpoint_train's model is built in float64
+    torch.set_default_dtype(torch.float64)  # checkpoint.train's model is built in float64
     cfg = TrainConfig()
     m = grid(dp=2, tp=2)
     small = Trainer(cfg, m)

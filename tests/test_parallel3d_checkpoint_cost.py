@@ -8,10 +8,10 @@ import math
 import pytest
 from matplotlib.figure import Figure
 
-from distlab.parallel3d import checkpoint_cost as cost
-from distlab.parallel3d.checkpoint_exercises import check_steps_lost
-from distlab.parallel3d.checkpoint_figures import resume_figure
-from distlab.parallel3d.checkpoint_parity import verdict
+from distlab.parallel3d.checkpoint import cost_model as cost
+from distlab.parallel3d.checkpoint.exercises import check_steps_lost
+from distlab.parallel3d.checkpoint.figures import resume_figure
+from distlab.parallel3d.checkpoint.parity import verdict
 
 
 def test_young_and_daly():
@@ -60,7 +60,9 @@ def test_exercise_check_passes_the_solution_and_explains_a_wrong_one():
 
 def test_verdict_and_figure():
     lines = verdict({"good": {0: 2.773840499769852}, "bad": {0: 2.7}})
-    assert lines == ["good: steps 0-0 equal one process within 1e-10: ok",
-                     "bad: steps 0-0 equal one process within 1e-10: DIFFERENT"]
+    assert lines == ["good, steps 0-0: losses (0) agree with one process within 1e-10: ok",
+                     "bad, steps 0-0: losses (0) agree with one process within 1e-10: FAILED for losses[0]"]
+    assert verdict({"resumed": {3: 2.773840499769852 + 1e-3, 4: 2.7}})[0].endswith("FAILED for losses[3], "
+                                                                                   "losses[4]")
     fig = resume_figure({0: 1.0, 1: 0.9, 2: 0.8}, {"resumed": {1: 0.9, 2: 0.8}}, saved_at=1)
     assert isinstance(fig, Figure) and fig.axes[0].get_xlabel() == "step"

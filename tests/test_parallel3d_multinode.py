@@ -1,7 +1,7 @@
 """Chapter 9, part 4: a real 2-"node" job on one machine (distlab.parallel3d.multinode).
 
 Two torchrun agents, `--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d` at one free port of
-127.0.0.1, run the (dp=2, tp=2) trainer of `checkpoint_train`. Each rank reports torchrun's GROUP_RANK
+127.0.0.1, run the (dp=2, tp=2) trainer of `checkpoint.train`. Each rank reports torchrun's GROUP_RANK
 (its node) and LOCAL_RANK and its tp group: every tp group must lie inside one node (the mesh's inner
 dim), and the losses must equal the single-process reference (float64, tolerance 1e-10; see
 test_parallel3d_checkpoint.py). The agents run in their own sessions and are killed on a timeout.
@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from distlab.parallel3d.checkpoint_train import TrainConfig, reference_losses
+from distlab.parallel3d.checkpoint.train import TrainConfig, reference_losses
 from distlab.parallel3d.multinode import check_layout, run_local_nodes, sbatch_script, torchrun_command
 
 STEPS = 3

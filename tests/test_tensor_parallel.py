@@ -146,7 +146,7 @@ def test_forward_and_gradients_match_dense(runs, p):
     for rank, out in enumerate(runs[p]):
         for rep in out["reports"]:  # plain, SP, float32, and ignored targets plain and SP
             assert rep.tp_size == p
-            assert rep.passed(), f"rank {rank}: {rep}"
+            assert rep.passed, f"rank {rank}: {rep}"
             assert rep.verdict().endswith(": ok")
             assert len(rep.grads) == len(list(GPT(CONFIG).parameters()))  # every parameter was compared
         assert out["ce"] < TOL64
@@ -193,10 +193,10 @@ def test_ignored_targets_are_left_out_of_the_mean_as_in_cross_entropy(runs):
     # the parity above holds with a third of the targets at -100; the loss is the mean over the rest
     for p in (1, 2, 4):
         rep = runs[p][0]["reports"][3]
-        assert torch.isfinite(rep.outputs["loss"]) and rep.passed()
+        assert torch.isfinite(rep.outputs["loss"]) and rep.passed
     # every target ignored: F.cross_entropy gives nan and zero gradients, and so does the parallel loss
     rep = compare_with_dense(CONFIG, BATCH, SEQ, seed=3, targets=torch.full((BATCH, SEQ), -100))
-    assert torch.isnan(rep.outputs["loss"]) and rep.passed()
+    assert torch.isnan(rep.outputs["loss"]) and rep.passed
     assert all(float(rep.outputs[n].abs().max()) == 0.0 for n in rep.grads)
 
 
@@ -207,7 +207,7 @@ def test_tp_on_a_sub_group_of_a_mesh_equals_dense_and_the_whole_world_run(runs):
         assert sub["ce"] < TOL64 and sub["timed_diff"] < TOL32
         world = runs[2][sub["tp_rank"]]["reports" if sub["dp"] == 0 else "seed13"]
         for got, want in zip(sub["reports"], world[:2], strict=True):
-            assert got.tp_size == 2 and got.passed(), f"rank {rank}: {got}"
+            assert got.tp_size == 2 and got.passed, f"rank {rank}: {got}"
             assert got.outputs.keys() == want.outputs.keys()
             for name, t in got.outputs.items():
                 assert torch.allclose(t, want.outputs[name], rtol=0, atol=TOL64), (rank, name)

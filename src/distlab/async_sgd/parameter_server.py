@@ -127,6 +127,13 @@ def _check_training(config: PSConfig, w: int) -> None:
 def _check_timing(config: PSConfig) -> None:
     if not (math.isfinite(config.compute_time) and config.compute_time >= 0):
         raise ValueError(f"compute_time={config.compute_time} must be a number of seconds >= 0")
+    for name in ("worker_timeout", "timeout"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a finite number of seconds > 0 (infinity or NaN "
+                             f"would never time out, or fail when handed to the socket); e.g. {name}="
+                             f"{30 if name == 'timeout' else 2}")
     if config.worker_timeout <= config.compute_time * config.slowdown:
         raise ValueError(f"worker_timeout={config.worker_timeout} s is not longer than the slowest "
                          f"worker's step ({config.compute_time * config.slowdown} s): every worker would "

@@ -3,27 +3,26 @@
 In sync mode each worker's shard of clock t's global batch is a slice of batch t, and the server applies
 the mean of the W shard gradients, which is the gradient of the whole batch (Dean et al. 2012 call this
 the synchronous baseline of Downpour SGD). So the server's parameters after every step must equal
-`problem.sgd_reference`, one process with the whole batch, up to float32 rounding: the sums run in
-another order (W shard means, then their mean), which moves a parameter by a few ulps per step. The
-tolerance, rtol 1e-5 and atol 1e-6 over a few steps, allows a hundred times that and is far below a real
-bug (a shard dropped, a gradient applied twice or stale).
+`problem.sgd_reference` (the course's one single-process loop, `distlab.reference.train_reference`), up
+to float32 rounding: the sums run in another order (W shard means, then their mean), which moves a
+parameter by a few ulps per step. float32's tolerance in `distlab.parity.TOLERANCE`, 1e-5 over a few
+steps, allows a hundred times that and is far below a real bug (a shard dropped, a gradient applied twice
+or stale). The staleness of every applied gradient is compared too: the reference's is 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 from distlab.async_sgd.server import ServerLog
+from distlab.parity import ParityReport, compare
 
-RTOL, ATOL = 1e-5, 1e-6
 
-
-def compare(log: ServerLog, reference: Sequence[Tensor], label: str) -> str:
-    """One line saying that every snapshot of a synchronous run equals the reference's parameters after
-    the same step, with staleness 0 everywhere; or an AssertionError that says where it does not."""
+def sync_parity(log: ServerLog, reference: Sequence[Tensor], label: str) -> ParityReport:
+    """Every snapshot of a synchronous run (the parameters at versions 0 .. steps) against the reference's
+    parameters after the same step, and the largest staleness against 0. Print its `verdict()`."""
     steps = len(reference) - 1
     if steps < 1:
         raise ValueError(f"the reference has {steps + 1} entries, the initial point and no step; compare "
@@ -32,13 +31,7 @@ def compare(log: ServerLog, reference: Sequence[Tensor], label: str) -> str:
     if versions != list(range(steps + 1)):
         raise AssertionError(f"{label}: the server recorded versions {versions}, expected 0 to {steps}: run "
                              f"mode='sync' with steps={steps} and record_every=1")
-    for (v, _, got), want in zip(log.snapshots, reference, strict=True):
-        if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-            raise AssertionError(f"{label}: the parameters after step {v} differ from single-process SGD by "
-                                 f"{(got - want).abs().max().item():.3g} (tolerance rtol {RTOL:g}, atol "
-                                 f"{ATOL:g})")
-    stale = [u for u in log.updates if u.staleness]
-    if stale:
-        raise AssertionError(f"{label}: {len(stale)} gradients were applied stale (the first from worker "
-                             f"{stale[0].worker} at clock {stale[0].clock}); a synchronous run has none")
-    return f"{label}: all {steps} steps equal single-process SGD, staleness 0: passed"
+    ours = {"snapshots": {str(v): got for v, _, got in log.snapshots},
+            "staleness": max((u.staleness for u in log.updates), default=0)}
+    want = {"snapshots": {str(v): p for v, p in enumerate(reference)}, "staleness": 0}
+    return compare(ours, want, label=label, against="single-process SGD")

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from distlab.models import MLP, regression_data
+from distlab.reference import SGD, mse_loss, train_reference
 from distlab.sharding import batch_indices, shard
 
 
@@ -79,15 +80,12 @@ def worker_batch(problem: Problem, worker: int, num_workers: int, clock: int,
 
 
 def sgd_reference(problem: Problem, steps: int, global_batch: int, lr: float) -> list[Tensor]:
-    """Single-process SGD with the full global batch: the parameters after each of `steps` steps
-    (entry 0 is the initial point). Synchronous training on any number of workers must match it."""
+    """Single-process SGD with the full global batch (`distlab.reference.train_reference`): the flat
+    parameters after each of `steps` steps (entry 0 is the initial point). Synchronous training on any
+    number of workers must match it."""
     model, X, y = problem.build()
-    params = flat_params(model)
-    out = [params.clone()]
+    batches = [(X[idx], y[idx]) for idx in (batch_indices(problem.n, global_batch, step, problem.seed)
+                                            for step in range(steps))]
     with one_thread():
-        for step in range(steps):
-            idx = batch_indices(problem.n, global_batch, step, problem.seed)
-            g, _ = gradient(model, params, X[idx], y[idx])
-            params = params - lr * g
-            out.append(params.clone())
-    return out
+        run = train_reference(model, batches, mse_loss, SGD(model.parameters(), lr), keep_history=True)
+    return [parameters_to_vector(snapshot.values()) for snapshot in run.history]

@@ -20,17 +20,18 @@ import torch
 from distlab import launch
 from distlab.context_parallel import cost_model
 from distlab.context_parallel.layouts import LAYOUTS, check_seq_len, padded_length
-from distlab.context_parallel.parity import TOLERANCE, ParityReport, attention_parity, verdict
+from distlab.context_parallel.parity import CPParityReport, attention_parity, reports_label
+from distlab.parity import merge
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def _run(args: argparse.Namespace) -> list[ParityReport]:
+def _run(args: argparse.Namespace) -> list[CPParityReport]:
     return [attention_parity(layout, args.seed, args.batch, args.heads, args.seq_len, args.head_dim,
                              DTYPES[args.dtype], pad=args.pad) for layout in args.layouts]
 
 
-def summarize(reports: list[ParityReport], args: argparse.Namespace) -> dict:
+def summarize(reports: list[CPParityReport], args: argparse.Namespace) -> dict:
     """Per rank and layout: blocks and bytes measured beside the formula; and the verdict."""
     p, e = args.world_size, torch.finfo(DTYPES[args.dtype]).bits // 8
     rows = []
@@ -42,9 +43,9 @@ def summarize(reports: list[ParityReport], args: argparse.Namespace) -> dict:
                      "blocks_formula": cost_model.blocks_per_rank(p, rep.layout)[rep.rank],
                      "bytes_forward": rep.bytes_forward, "bytes_forward_formula": sent["forward"],
                      "bytes_backward": rep.bytes_backward, "bytes_backward_formula": sent["backward"]})
-    tol = TOLERANCE[DTYPES[args.dtype]]
-    return {"world_size": p, "seq_len": args.seq_len, "verdict": verdict(reports, tol),
-            "passed": max(max(r.max_error.values()) for r in reports) <= tol, "ranks": rows}
+    report = merge(reports, label=reports_label(reports))
+    return {"world_size": p, "seq_len": args.seq_len, "verdict": report.verdict(), "passed": report.passed,
+            "ranks": rows}
 
 
 def describe(summary: dict) -> str:

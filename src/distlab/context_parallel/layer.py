@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distlab.context_parallel.layouts import positions, shard
+from distlab.context_parallel.layouts import IGNORE_INDEX, positions, shard
 from distlab.context_parallel.ring import RingStats, ring_attention
 from distlab.mesh import group_rank, group_size
 from distlab.models import GPT, CausalSelfAttention
@@ -42,19 +42,27 @@ class RingSelfAttention(nn.Module):
 
 
 def cp_gpt_loss(model: GPT, idx: Tensor, targets: Tensor, group: dist.ProcessGroup | None = None,
-                layout: str = "zigzag") -> Tensor:
+                layout: str = "zigzag", ignore_index: int = IGNORE_INDEX) -> Tensor:
     """This rank's share of the mean cross-entropy of `model` on the full batch (idx, targets: (B, L),
-    the same on every rank): the sum over its tokens divided by B L, so the shares add up to the loss."""
+    the same on every rank): the sum over its tokens divided by the number of targets in the whole
+    batch that are not `ignore_index`, so the shares add up to `F.cross_entropy(logits, targets,
+    ignore_index=ignore_index)` of the dense model, padding and masked targets included (NaN, as there,
+    when every target is ignored). Every rank holds all the targets, so it counts them without
+    communication; dividing by B L instead would count the ignored ones and shrink the loss."""
     p, r = group_size(group), group_rank(group, "context-parallel group")
     L = idx.shape[1]
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets has shape {tuple(targets.shape)} but idx has {tuple(idx.shape)}; pass "
+                         "one target per input token (padded with ignore_index where there is none)")
     idx_local, targets_local = shard(idx, r, p, layout, dim=1), shard(targets, r, p, layout, dim=1)
     x = model.drop(model.wte(idx_local) + model.wpe(positions(r, p, L, layout).to(idx.device)))
     for block in model.h:
         x = x + RingSelfAttention(block.attn, group, layout)(block.ln_1(x))
         x = x + block.mlp(block.ln_2(x))
     logits = model.lm_head(model.ln_f(x))
+    counted = (targets != ignore_index).sum()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets_local.reshape(-1),
-                           reduction="sum") / targets.numel()
+                           ignore_index=ignore_index, reduction="sum") / counted
 
 
 def all_reduce_grads(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 LAYOUTS = ("contiguous", "zigzag")
+IGNORE_INDEX = -100  # F.cross_entropy's default: a target that adds nothing to the loss or its count
 
 
 def check_layout(layout: str) -> str:
@@ -34,6 +35,8 @@ def num_chunks(p: int, layout: str) -> int:
 
 def chunk_ids(rank: int, p: int, layout: str) -> tuple[int, ...]:
     """The global chunk numbers rank `rank` of `p` holds, in increasing order: (r,) or (r, 2p-1-r)."""
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"p={p!r} must be a positive number of ranks (the context-parallel group's size)")
     if not 0 <= rank < p:
         raise ValueError(f"rank={rank} is outside the group of p={p} ranks; use 0 .. {p - 1}")
     if check_layout(layout) == "contiguous":
@@ -48,8 +51,11 @@ def check_seq_len(seq_len: int, p: int, layout: str) -> int:
         padded = max(n, -(-seq_len // n) * n)
         raise ValueError(f"seq_len={seq_len} is not a positive multiple of {n} ({layout} layout on p={p} "
                          f"ranks cuts the sequence into {n} equal chunks); pad the sequence at its end to "
-                         f"{padded} tokens (pad_to_multiple; causal masking keeps real tokens from "
-                         "attending to the padding) or choose another cp size")
+                         f"{padded} tokens, the inputs with any token and the targets with "
+                         f"ignore_index={IGNORE_INDEX} "
+                         f"(pad_to_multiple(targets, p, layout, dim=1, value={IGNORE_INDEX})), so that "
+                         "cp_gpt_loss counts only the real tokens (causal masking keeps them from "
+                         "attending to the padding), or choose another cp size")
     return seq_len // n
 
 
@@ -59,15 +65,16 @@ def padded_length(seq_len: int, p: int, layout: str) -> int:
     return max(n, -(-seq_len // n) * n)
 
 
-def pad_to_multiple(x: Tensor, p: int, layout: str, dim: int = -2) -> Tensor:
-    """`x` with zeros appended along `dim` up to `padded_length`. Under a causal mask a query never sees
-    a later key, so padding at the end changes no real token's output; drop the padded rows after."""
+def pad_to_multiple(x: Tensor, p: int, layout: str, dim: int = -2, value: float = 0) -> Tensor:
+    """`x` with `value` appended along `dim` up to `padded_length`. Under a causal mask a query never sees
+    a later key, so padding at the end changes no real token's output; drop the padded rows after, or
+    pad the targets with value=IGNORE_INDEX so that the loss skips them."""
     extra = padded_length(x.shape[dim], p, layout) - x.shape[dim]
     if extra == 0:
         return x
     shape = list(x.shape)
     shape[dim] = extra
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return torch.cat([x, x.new_full(shape, value)], dim=dim)
 
 
 def positions(rank: int, p: int, seq_len: int, layout: str) -> Tensor:

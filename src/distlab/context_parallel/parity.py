@@ -3,13 +3,15 @@
 The reference is the single-process `F.scaled_dot_product_attention(q, k, v, is_causal=True)` on the
 whole sequence (PyTorch's built-in, the same softmax(q k^T / sqrt(d)) v of Vaswani et al. 2017). Every
 rank builds the same full tensors from the seed, runs the reference, and compares its own shard of the
-reference's output and gradients with what ring attention gives it. In float64 the two agree to
-rounding (the block-wise sums add the same terms in another order): tolerance 1e-12.
+reference's output and gradients with what ring attention gives it (`distlab.parity.compare`). In
+float64 the two agree to rounding (the block-wise sums add the same terms in another order), a few
+1e-16; float64's tolerance in `distlab.parity.TOLERANCE` is 1e-10. Several ranks' reports make one with
+`distlab.parity.merge`, whose `verdict()` a lab prints.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,24 +20,30 @@ import torch.nn.functional as F
 from distlab.context_parallel.layouts import check_layout, pad_to_multiple, padded_length, positions, shard
 from distlab.context_parallel.ring import RingStats, ring_attention
 from distlab.mesh import group_rank, group_size
-
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
+from distlab.parity import ParityReport, compare
 
 
 @dataclass
-class ParityReport:
-    """One rank's result: worst |difference| of the output and of each gradient, and its RingStats."""
+class CPParityReport(ParityReport):
+    """`distlab.parity`'s report of one rank (output, dq, dk, dv against dense causal attention), with
+    the layout and what its ring did: `RingStats`' blocks, score entries and bytes."""
 
-    rank: int
-    layout: str
-    max_error: dict[str, float]
-    blocks: dict[str, int]
-    score_entries: int
-    bytes_forward: int
-    bytes_backward: int
+    rank: int = 0
+    layout: str = ""
+    blocks: dict[str, int] = field(default_factory=dict)
+    score_entries: int = 0
+    bytes_forward: int = 0
+    bytes_backward: int = 0
+
+    @property
+    def max_error(self) -> dict[str, float]:
+        """The worst |difference| of the output and of each gradient, by name."""
+        return self.flat()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["dtype"] = str(self.dtype).removeprefix("torch.")
+        return out
 
 
 def random_qkv(seed: int, batch: int, heads: int, seq_len: int, head_dim: int,
@@ -47,7 +55,7 @@ def random_qkv(seed: int, batch: int, heads: int, seq_len: int, head_dim: int,
 
 def attention_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, heads: int = 2,
                      seq_len: int = 24, head_dim: int = 8, dtype: torch.dtype = torch.float64,
-                     group: dist.ProcessGroup | None = None, pad: bool = False) -> ParityReport:
+                     group: dist.ProcessGroup | None = None, pad: bool = False) -> CPParityReport:
     """Run on every rank of `group`: ring attention forward and backward against the dense reference.
     pad: append zeros up to a length the layout can split (`layouts.pad_to_multiple`) and compare the
     real tokens only; without it a seq_len that does not split raises a ValueError naming seq_len."""
@@ -67,28 +75,27 @@ def attention_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, head
     stats = RingStats()
     out = ring_attention(*local, group=group, layout=layout, stats=stats)
     out.backward(mine(dout))  # zero gradient on padded rows: they add nothing to dk, dv
-    pairs = {"out": (out, ref_out)}
-    for name, got, theirs in zip(("dq", "dk", "dv"), local, ref, strict=True):
-        pairs[name] = (got.grad, theirs.grad)
-    errors = {name: (a.detach() - mine(b.detach()))[..., real, :].abs().max().item()
-              for name, (a, b) in pairs.items()}
-    return ParityReport(r, layout, errors, dict(stats.blocks), stats.score_entries, stats.bytes_forward,
-                        stats.bytes_backward)
+    ours = {"output": out[..., real, :], "dq": local[0].grad[..., real, :], "dk": local[1].grad[..., real, :],
+            "dv": local[2].grad[..., real, :]}
+    want = {"output": mine(ref_out.detach())[..., real, :]} | {
+        name: mine(t.grad)[..., real, :] for name, t in zip(("dq", "dk", "dv"), ref, strict=True)}
+    report = compare(ours, want, dtype=dtype, label=layout, against="dense causal attention")
+    return CPParityReport(report.differences, report.tolerance, report.dtype, report.label,
+                          against=report.against, rank=r, layout=layout, blocks=dict(stats.blocks),
+                          score_entries=stats.score_entries, bytes_forward=stats.bytes_forward,
+                          bytes_backward=stats.bytes_backward)
 
 
-def verdict(reports: list[ParityReport], tolerance: float = 1e-12) -> str:
-    """One line that does not depend on the machine: do all outputs and gradients agree?"""
-    worst = max(max(rep.max_error.values()) for rep in reports)
-    layouts = sorted({rep.layout for rep in reports})
-    ok = "ok" if worst <= tolerance else "FAILED"
-    return (f"{len(reports)} rank reports ({', '.join(layouts)}): output, dq, dk, dv agree with dense "
-            f"causal attention: {ok} (tolerance {tolerance:g})")
+def reports_label(reports: list[CPParityReport]) -> str:
+    """What a list of rank reports covers, for `distlab.parity.merge(reports, label=reports_label(reports))`:
+    "8 rank reports (contiguous, zigzag)"."""
+    return f"{len(reports)} rank reports ({', '.join(sorted({rep.layout for rep in reports}))})"
 
 
 def gpt_parity(layout: str = "zigzag", seed: int = 0, seq_len: int = 16, batch: int = 2,
-               group: dist.ProcessGroup | None = None) -> dict[str, float]:
+               group: dist.ProcessGroup | None = None) -> ParityReport:
     """Run on every rank: the course GPT's loss and all its gradients with ring attention over `group`
-    against the same GPT run densely on one process (float64). Returns the worst differences."""
+    against the same GPT run densely on one process (float64)."""
     from distlab.context_parallel.layer import all_reduce_grads, cp_gpt_loss
     from distlab.models import GPT, GPTConfig
 
@@ -107,6 +114,6 @@ def gpt_parity(layout: str = "zigzag", seed: int = 0, seq_len: int = 16, batch: 
     total = loss.detach().clone()
     if group_size(group) > 1:
         dist.all_reduce(total, group=group)
-    grads = [(a.grad - b.grad).abs().max().item() for a, b in zip(ring.parameters(), dense.parameters(),
-                                                                   strict=True)]
-    return {"loss": abs(total.item() - ref_loss.item()), "grads": max(grads), "num_grads": len(grads)}
+    return compare({"loss": total, "gradients": {n: p.grad for n, p in ring.named_parameters()}},
+                   {"loss": ref_loss.detach(), "gradients": {n: p.grad for n, p in dense.named_parameters()}},
+                   label=f"GPT with ring attention ({layout})", against="the dense GPT")

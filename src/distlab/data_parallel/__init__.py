@@ -8,9 +8,9 @@ One idea per file:
 - `sync`: the three gradient-synchronisation strategies (per-parameter all-reduce, bucketed
   all-reduce, bucketed all-reduce overlapped with backward through gradient hooks) and `no_sync`
   (Li et al. 2020, "PyTorch Distributed", VLDB 13(12), sec. 3.2).
-- `train`: the training loop (broadcast, replica check, sharded batches, accumulation), the
-  single-process reference it must match, and the `Task`s it trains (MLP, small GPT).
-- `parity`: the comparison with the reference against a stated tolerance, and DP on one dim of a mesh.
+- `train`: the training loop (broadcast, replica check, sharded batches, accumulation), and the
+  single-process reference it must match (`distlab.reference` holds the `Task`s it trains: MLP, GPT).
+- `parity`: the comparison with the reference (`distlab.parity`), and DP on one dim of a mesh.
 - `timeline`: one step as a timeline of backward and all-reduces (measured by `bench`).
 - `cost_model`: the alpha-beta predictions: seconds per step, and the predicted timeline.
 - `bench`: throughput per strategy and against DDP, over world sizes.
@@ -20,7 +20,7 @@ One idea per file:
 
 from distlab.data_parallel.buckets import all_reduce_bucket, make_buckets
 from distlab.data_parallel.cost_model import predict_step_seconds, predicted_timeline
-from distlab.data_parallel.parity import compare, max_difference, train_on_mesh_dim
+from distlab.data_parallel.parity import parameters_parity, train_on_mesh_dim
 from distlab.data_parallel.sync import (
     STRATEGIES,
     BucketedAllReduce,
@@ -30,12 +30,9 @@ from distlab.data_parallel.sync import (
 )
 from distlab.data_parallel.timeline import StepTimeline
 from distlab.data_parallel.train import (
-    Task,
     broadcast_parameters,
     check_batch,
     check_replicas_identical,
-    gpt_task,
-    mlp_task,
     train_data_parallel,
     train_single_process,
 )
@@ -46,17 +43,13 @@ __all__ = [
     "OverlappedBucketedAllReduce",
     "PerParameterAllReduce",
     "StepTimeline",
-    "Task",
     "all_reduce_bucket",
     "broadcast_parameters",
     "check_batch",
     "check_replicas_identical",
-    "compare",
-    "gpt_task",
     "make_buckets",
     "make_strategy",
-    "max_difference",
-    "mlp_task",
+    "parameters_parity",
     "predict_step_seconds",
     "predicted_timeline",
     "train_data_parallel",

@@ -32,7 +32,8 @@ from distlab import launch, sharding
 from distlab.data_parallel.buckets import check_bucket_bytes
 from distlab.data_parallel.sync import group_size_and_rank, make_strategy
 from distlab.data_parallel.timeline import StepTimeline
-from distlab.data_parallel.train import SGD, Task, broadcast_parameters, gpt_task
+from distlab.data_parallel.train import broadcast_parameters
+from distlab.reference import SGD, Task, gpt_task
 
 BENCH_BUCKET_BYTES = 4 << 20  # fewer, larger messages suit a CPU, where overlap shares the cores
 ALL_STRATEGIES = ("per_parameter", "bucketed", "overlapped", "ddp", "compute")

@@ -139,7 +139,7 @@ def book_bucket_figure() -> Figure:
     """The buckets of the lab's small GPT (2 layers, n_embd 32) with 16 KiB buckets."""
     import torch
 
-    from distlab.data_parallel.train import gpt_task
+    from distlab.reference import gpt_task
 
     torch.manual_seed(0)
     return bucket_figure(gpt_task().make_model(), 16 << 10)

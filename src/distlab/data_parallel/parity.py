@@ -3,11 +3,12 @@
 The data-parallel gradient is the same sum as the single-process one, of the same float32 terms, added in
 another order (per rank first, then across ranks by the all-reduce). float32 rounds each addition to a
 relative 2**-24 (about 6e-8), so after a few SGD steps the parameters (of size 0.1 to 1) agree to about
-1e-7; `TOLERANCE` allows a hundred times that, and is still far below what a real bug does (a missing
-division by p, a rank's shard dropped, a bucket left out: 1e-3 or more).
+1e-7; float32's tolerance in `distlab.parity.TOLERANCE`, 1e-5, allows a hundred times that, and is still
+far below what a real bug does (a missing division by p, a rank's shard dropped, a bucket left out: 1e-3
+or more).
 
-- `max_difference`: the largest absolute difference between two sets of parameters, and where it is;
-- `compare`: that difference as a verdict against the tolerance, or an AssertionError that names it;
+- `parameters_parity`: a run's final parameters against `train.train_single_process`'s, as a
+  `distlab.parity.ParityReport` (print its `verdict()`; `assert_passed()` names the worst parameter);
 - `train_on_mesh_dim`: inside the ranks, build a `distlab.mesh.grid` and train with data parallelism over
   one of its dims, so that a test or the lab can check that every group of that dim is a whole DP job.
 """
@@ -20,30 +21,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from distlab import mesh
-from distlab.data_parallel.train import Task, train_data_parallel
-
-TOLERANCE = 1e-5  # absolute, on float32 parameters of size ~0.1-1 after a few steps (see the docstring)
-
-
-def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[float, str]:
-    """The largest absolute difference between two sets of parameters, and the parameter where it is."""
-    if a.keys() != b.keys():
-        raise ValueError(f"the two models have different parameters: {sorted(a.keys() ^ b.keys())}; "
-                         "compare a model with its own reference")
-    diffs = {name: (a[name] - b[name]).abs().max().item() for name in a}
-    worst = max(diffs, key=lambda n: diffs[n])
-    return diffs[worst], worst
+from distlab.data_parallel.train import train_data_parallel
+from distlab.parity import ParityReport, compare
+from distlab.reference import Task
 
 
-def compare(params: dict[str, Tensor], reference: dict[str, Tensor], label: str,
-            tolerance: float = TOLERANCE) -> str:
-    """One line saying that `params` equal `reference` within `tolerance` (the same on every machine),
-    or an AssertionError that names the parameter that differs most and by how much."""
-    diff, where = max_difference(params, reference)
-    if not diff <= tolerance:  # also catches NaN
-        raise AssertionError(f"{label}: parameter {where!r} differs from the single-process reference by "
-                             f"{diff:.3g}, more than the tolerance {tolerance:g}")
-    return f"{label}: all {len(params)} parameters equal one process's within {tolerance:g}: ok"
+def parameters_parity(params: dict[str, Tensor], reference: dict[str, Tensor], label: str) -> ParityReport:
+    """The final parameters of a data-parallel run against one process's, within float32's tolerance:
+    `verdict()` reads "<label>: all 6 parameters agree with one process within 1e-05: ok"."""
+    return compare(params, reference, name="parameters", label=label, against="one process")
 
 
 def train_on_mesh_dim(task: Task, dims: dict[str, int], dim: str = "dp", seeds: dict[int, int] | None = None,

@@ -16,76 +16,24 @@ or one dim of a mesh, `mesh["dp"].get_group()`), and "rank r" below is a positio
 With `accumulation_steps` k, step 3 runs k times on micro-batches of B/(p k), with each loss divided by k
 and the first k-1 backward passes inside `no_sync`: only the last one communicates.
 
-A `Task` bundles what the loop needs to know about a model and its data: `mlp_task` (regression with an
-MLP) and `gpt_task` (next-character prediction with the small GPT), both from `distlab.models`.
+The `Task` (a model, its data and its loss), the `SGD` optimizer and the single-process loop come from the
+ground floor, `distlab.reference`: `train_single_process` is that loop on a task's global batches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distlab import launch, models, sharding
+from distlab import launch, sharding
 from distlab.data_parallel.buckets import DEFAULT_BUCKET_BYTES, check_bucket_bytes
 from distlab.data_parallel.sync import STRATEGIES, check_strategy, group_size_and_rank, make_strategy
-
-
-@dataclass
-class Task:
-    """A model to build and the data to train it on: `inputs[i]` and `targets[i]` are example i, and
-    `loss(model, x, y)` is the mean loss over a batch. `build(seed)` seeds torch and builds the model."""
-
-    name: str
-    make_model: Callable[[], nn.Module]
-    inputs: Tensor
-    targets: Tensor
-    loss: Callable[[nn.Module, Tensor, Tensor], Tensor]
-
-    def __post_init__(self) -> None:
-        if len(self.inputs) != len(self.targets) or len(self.inputs) == 0:
-            raise ValueError(f"task {self.name!r} has {len(self.inputs)} inputs and {len(self.targets)} "
-                             "targets; give it the same number of each, and at least one")
-
-    def build(self, seed: int) -> nn.Module:
-        torch.manual_seed(seed)
-        return self.make_model()
-
-    def __len__(self) -> int:
-        return len(self.inputs)
-
-
-def _mse(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    return F.mse_loss(model(x), y)
-
-
-def _lm_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    return model(x, y)[1]
-
-
-def mlp_task(sizes: tuple[int, ...] = (16, 64, 64, 4), n: int = 480, seed: int = 0) -> Task:
-    """Regression of `models.regression_data` with `models.MLP(sizes)` and the mean squared error."""
-    X, y = models.regression_data(n, sizes[0], sizes[-1], seed=seed)
-    return Task(f"MLP{list(sizes)}", lambda: models.MLP(sizes), X, y, _mse)
-
-
-def gpt_task(n_layer: int = 2, n_embd: int = 32, block_size: int = 16, n: int = 240, seed: int = 0) -> Task:
-    """Next-character prediction on `models.char_corpus` with a small `models.GPT`: `n` windows of
-    `block_size` tokens drawn once, with a fixed generator, so every rank sees the same examples."""
-    text = models.char_corpus(400, seed=seed)
-    tok = models.CharTokenizer(text)
-    config = models.GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=n_layer,
-                              n_head=4, n_embd=n_embd)
-    x, y = models.get_batch(tok.encode(text), block_size, n, torch.Generator().manual_seed(seed))
-    return Task(f"GPT(n_layer={n_layer}, n_embd={n_embd})", lambda: models.GPT(config), x, y, _lm_loss)
-
+from distlab.reference import SGD, Task, train_reference
 
 # --------------------------------------------------------------------------------------------------
 # Replicas must start equal
@@ -170,37 +118,6 @@ def check_training(task: Task, steps: int, global_batch: int, lr: float) -> None
                          f"task {task.name}; choose at most {len(task)}")
 
 
-class SGD:
-    """Stochastic gradient descent with momentum, written out: v <- mu v + g, then w <- w - lr v (the
-    update of torch.optim.SGD with dampening 0; v starts as the first gradient). Its state, the momentum
-    v, makes a wrong step show up in later steps too. (Written here rather than taken from torch.optim,
-    whose first use imports the compiler stack: seconds per rank on a small machine.)"""
-
-    def __init__(self, params: list[nn.Parameter] | object, lr: float, momentum: float = 0.9) -> None:
-        self.params = list(params)  # type: ignore[call-overload]
-        self.lr, self.momentum = lr, momentum
-        self.velocity: list[Tensor | None] = [None] * len(self.params)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            v = self.velocity[i]
-            if v is None:
-                v = self.velocity[i] = p.grad.clone()
-            else:
-                v.mul_(self.momentum).add_(p.grad)
-            p.add_(v, alpha=-self.lr)
-
-
 def make_optimizer(model: nn.Module, lr: float) -> SGD:
     """SGD with momentum 0.9 over the model's parameters."""
     return SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -257,14 +174,9 @@ def train_data_parallel(task: Task, strategy: str = "overlapped", steps: int = 4
 
 def train_single_process(task: Task, steps: int = 4, global_batch: int = 12, lr: float = 0.05,
                          seed: int = 0) -> dict[str, Tensor]:
-    """The reference: the same steps on one process, with the whole global batch at once."""
+    """The reference: the same steps on one process, with the whole global batch at once
+    (`distlab.reference.train_reference`); the final parameters."""
     check_training(task, steps, global_batch, lr)
     model = task.build(seed)
-    optimizer = make_optimizer(model, lr)
-    for step in range(steps):
-        idx = sharding.batch_indices(len(task), global_batch, step, seed)
-        optimizer.zero_grad(set_to_none=True)
-        task.loss(model, task.inputs[idx], task.targets[idx]).backward()
-        optimizer.step()
-    return {name: t.detach().clone() for name, t in model.named_parameters()}
-
+    return train_reference(model, task.batches(steps, global_batch, seed), task.loss,
+                           make_optimizer(model, lr)).params

@@ -24,8 +24,9 @@ How it works, in four steps:
    `init_process_group`, runs the function, and writes its result (or its exception) to a file
    (`worker.py`).
 4. The parent polls the children (`launcher.py`). A failed rank ends the run, and so does a rank still
-   running `timeout` seconds after another returned; `diagnosis.py` writes the report, and `cleanup.py`
-   ends every process the launch started.
+   running `timeout` seconds after another returned, or a function still running after `deadline`
+   seconds; `observe.py` gathers what is known of each rank, `diagnosis.py` writes the report, and
+   `cleanup.py` ends every process the launch started. `arguments.py` checks `run`'s arguments first.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ import torch
 import torch.distributed as dist
 
 from distlab.launch.diagnosis import RankError
-from distlab.launch.launcher import DEFAULT_TIMEOUT, run
+from distlab.launch.launcher import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, run
 from distlab.launch.worker import choose_backend, init_rank, resolve_backend
 
-__all__ = ["DEFAULT_TIMEOUT", "RankError", "backend", "choose_backend", "device", "local_rank", "rank",
-           "resolve_backend", "run", "under_torchrun", "world_size"]
+__all__ = ["DEFAULT_DEADLINE", "DEFAULT_TIMEOUT", "RankError", "backend", "choose_backend", "device",
+           "local_rank", "rank", "resolve_backend", "run", "under_torchrun", "world_size"]
 
 
 def _require_group(what: str) -> None:

@@ -1,19 +1,23 @@
 """Why a launch failed: find the rank whose failure caused the others', and say what every rank did.
 
 When one rank fails, its peers usually fail a moment later with "connection reset by peer" or a
-timeout: symptoms, not the cause. The launcher gathers one `RankState` per rank (its exit, its error
-report from `worker.describe`, or, for a rank still running, its Python stack) and `failure` picks the
-cause in this order:
+timeout: symptoms, not the cause (`worker.describe` tells them apart by where they come from, also when
+they surface through `Work.wait()` or inside a chapter's own error). The launcher gathers one
+`RankState` per rank (its exit, its error report, or, for a rank still running, its Python stack) and
+`failure` picks the cause in this order:
 
-1. a rank that raised an exception of its own, or died without one (os._exit, a signal: the
-   out-of-memory killer's SIGKILL, a segfault), the earliest first;
-2. otherwise a rank that timed out waiting; if every rank that did not return timed out, a deadlock;
-3. otherwise a rank that lost its connection, explained by the peer that returned normally.
+1. a rank that raised an exception of its own, or died without one (os._exit, even os._exit(0), a
+   signal: the out-of-memory killer's SIGKILL, a segfault, gloo's SIGABRT), the earliest first;
+2. otherwise, if a rank timed out waiting, a rank still running outside communication (computing,
+   asleep) that it waited for;
+3. otherwise, if every rank that did not return waits for another, a deadlock (no rank is the cause);
+4. otherwise a rank that timed out, or lost its connection, explained by the peer that returned normally.
 
 The report is one `RankError`: a headline naming the cause, one line per rank (what it did and the line
 it was at, the cause and its consequences marked), the cause's traceback, and the stacks of the ranks
-that were still running. `stuck` reports ranks still running long after a peer returned; `interrupted`
-says where every rank was when the run was interrupted.
+that were still running or died of a fatal signal. `stuck` reports ranks still running long after a
+peer returned, `never_joined` a rank that never came to init_process_group, `past_deadline` a run
+that reached its deadline, and `interrupted` where every rank was on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from distlab.launch.sources import Frame, format_stack, where
+from distlab.launch.sources import TORCH_DIST, Frame, format_stack, where
 
 _SIGNAL_HINTS = {
     "SIGKILL": "SIGKILL is usually the out-of-memory killer (see `dmesg`): the rank needed more memory "
                "than the machine had",
     "SIGSEGV": "SIGSEGV is a crash in native code (C++ or CUDA: a bad pointer, mismatched libraries)",
-    "SIGABRT": "SIGABRT means native code aborted: a failed C++ check, or NCCL's watchdog ending a "
-               "collective that ran past the timeout",
+    "SIGABRT": "SIGABRT means native code aborted: a failed C++ check (gloo: a message of the wrong size), "
+               "or NCCL's watchdog ending a collective that waited too long",
     "SIGBUS": "SIGBUS usually means shared memory (/dev/shm) ran out or a memory-mapped file shrank",
     "SIGFPE": "SIGFPE is an arithmetic fault in native code, such as an integer division by zero",
 }
@@ -41,6 +45,10 @@ class RankError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.traceback = traceback
+
+    def __reduce__(self) -> tuple:
+        """Pickle with all three fields (a rank may return one from a nested run, may_fail)."""
+        return type(self), (str(self), self.rank, self.traceback)
 
 
 @dataclass
@@ -58,14 +66,22 @@ class RankState:
     error: dict | None = None
     returned: bool = False
     started: bool = True
+    joined: bool = True
     allowed: bool = False
     frames: list[Frame] = field(default_factory=list)
     sources: dict[str, dict] = field(default_factory=dict)
+    said: str = ""
 
     @property
     def died(self) -> bool:
-        """Exited with a failure status without writing an error report: os._exit, a signal, a crash."""
-        return self.code not in (None, 0) and self.error is None
+        """Exited without an error report, with a failure status or before its function returned:
+        os._exit (even os._exit(0)), a signal, a crash."""
+        return self.code is not None and self.error is None and (self.code != 0 or not self.returned)
+
+    @property
+    def communicating(self) -> bool:
+        """Still running, inside a torch.distributed call (from its Python stack)."""
+        return self.code is None and any(TORCH_DIST in f.file for f in self.frames)
 
     @property
     def kind(self) -> str:
@@ -84,6 +100,8 @@ def _death(code: int) -> str:
 
 
 def _hint(code: int) -> str:
+    if code == 0:
+        return "Something called os._exit(0) before the function returned (sys.exit would have raised)"
     name = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else ""
     return _SIGNAL_HINTS.get(name, "Something called os._exit, or native code ended the process")
 
@@ -91,7 +109,17 @@ def _hint(code: int) -> str:
 def _raised(e: dict) -> str:
     if e["message"] is None:
         return f"{e['type']} (its message could not be printed: {e['unprintable']})"
-    return f"{e['type']}: {e['message']}"
+    return f"{e['type']}: {e['message']}" if e["message"] else e["type"]
+
+
+def _death_report(s: RankState) -> str:
+    """Why rank s died, what native code said as it did, and where the rank was."""
+    text = f"rank {s.rank} {_death(s.code)} without raising a Python exception. {_hint(s.code)}."
+    if s.said:
+        text += f" Native code said: {s.said}."
+    if s.frames:
+        text += f" The rank was in {where(s.frames, s.sources)}."
+    return text
 
 
 def describe_rank(s: RankState, timeout: float, deadlock: bool = False) -> str:
@@ -107,9 +135,12 @@ def describe_rank(s: RankState, timeout: float, deadlock: bool = False) -> str:
         return f"{_death(s.code)} without raising a Python exception"
     if s.code == 0:
         at = f" at {s.ended:.1f} s" if s.ended is not None else ""
-        return f"returned normally{at}" if s.returned else "exited without a result (sys.exit(0) in fn?)"
+        return f"returned normally{at}"
+    if not s.joined:
+        at = f", in {where(s.frames, s.sources)}" if s.frames else ""
+        return f"still starting: it had not reached init_process_group{at}"
     if not s.started:
-        return "still starting (it had not called the function yet)"
+        return "still joining the process group (it had not called the function yet)"
     return f"still running, in {where(s.frames, s.sources)}" if s.frames else "still running"
 
 
@@ -119,7 +150,7 @@ def _table(states: list[RankState], timeout: float, cause: int | None, deadlock:
         mark = ""
         if s.rank == cause:
             mark = "  (the cause)"
-        elif s.kind in ("peer", "timeout") and cause is not None:
+        elif (s.kind in ("peer", "timeout") or s.communicating) and cause is not None:
             mark = "  (a consequence)"
         elif s.allowed and s.code not in (None, 0):
             mark = "  (allowed by may_fail)"
@@ -129,7 +160,7 @@ def _table(states: list[RankState], timeout: float, cause: int | None, deadlock:
 
 def _stacks(states: list[RankState]) -> str:
     parts = [f"\n--- where rank {s.rank} was ---\n{format_stack(s.frames, s.sources) or '(no Python stack)'}"
-             for s in states if s.code is None and s.started]
+             for s in states if s.frames and (s.code is None or s.died)]
     return "".join(parts)
 
 
@@ -142,8 +173,7 @@ def _cause(states: list[RankState]) -> RankState | None:
 def _headline(s: RankState, states: list[RankState], timeout: float) -> str:
     """The first line of the report about the rank chosen as the cause."""
     if s.died:
-        return (f"rank {s.rank} {_death(s.code)} without raising a Python exception. {_hint(s.code)}. "
-                "Its output, if any, is above.")
+        return f"{_death_report(s)} Its output, if any, is above."
     e = s.error
     if e["kind"] == "raised":
         return f"rank {s.rank} failed with {_raised(e)}"
@@ -160,28 +190,71 @@ def _headline(s: RankState, states: list[RankState], timeout: float) -> str:
             "collectives that differ across ranks (operation, size or dtype)")
 
 
+def _waiting(s: RankState) -> bool:
+    return s.kind in ("timeout", "peer") or s.communicating
+
+
 def _deadlocked(states: list[RankState]) -> bool:
-    """No rank is running, and the ranks that did not return timed out (or lost the peer that did)."""
+    """Every rank that did not return waits for another (it timed out, lost the peer that did, or still
+    waits in a collective), and at least one timed out."""
+    mine = [s for s in states if not s.allowed and s.kind != "returned"]
+    return all(_waiting(s) for s in mine) and any(s.kind == "timeout" for s in mine)
+
+
+def _absent(states: list[RankState]) -> RankState | None:
+    """A rank the others timed out waiting for, that was still running outside communication (or had not
+    even reached init_process_group)."""
     mine = [s for s in states if not s.allowed]
-    kinds = {s.kind for s in mine if s.kind != "returned"}
-    return all(s.code is not None for s in mine) and "timeout" in kinds and kinds <= {"timeout", "peer"}
+    if not any(s.kind == "timeout" for s in mine):
+        return None
+    away = [s for s in mine if s.code is None and not s.communicating]
+    return min(away, key=lambda s: (s.joined, s.rank), default=None)
+
+
+def never_joined(states: list[RankState], grace: float) -> RankError:
+    """The report of a rank that never came to init_process_group while the others waited there."""
+    s = min((q for q in states if not q.joined and q.code is None), key=lambda q: q.rank)
+    waiting = [q.rank for q in states if q.joined]
+    who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {waiting}"
+    at = f", in {where(s.frames, s.sources)}" if s.frames else ""
+    head = (f"rank {s.rank} never joined the process group: {who} waited more than {grace:g} s for it at "
+            f"init_process_group, while rank {s.rank} was still loading the function and its arguments{at} "
+            "(the modules they need are imported then)")
+    return RankError(f"{head}\n{_table(states, grace, s.rank)}{_stacks(states)}", s.rank)
+
+
+def _absent_headline(s: RankState, states: list[RankState], timeout: float) -> str:
+    w = min((q for q in states if q.kind == "timeout"), key=lambda q: q.at)
+    return (f"rank {s.rank} never came to the collective: rank {w.rank} waited more than {timeout:g} s "
+            f"for it in {w.error['where']}, while rank {s.rank} was still running, in "
+            f"{where(s.frames, s.sources)}. "
+            "A long computation, a sleep or an endless loop outside communication keeps the others waiting "
+            "(run(timeout=...) sets how long they wait)")
+
+
+def _deadlock(states: list[RankState], timeout: float) -> RankError:
+    s = min((q for q in states if not q.allowed and q.kind == "timeout"), key=lambda q: q.rank)
+    if not any(q.started for q in states):
+        head = (f"the ranks did not all join the process group within timeout={timeout:g} s: starting "
+                f"{len(states)} processes took longer than that on this machine; use a larger timeout")
+    else:
+        head = (f"deadlock: the ranks timed out, waiting more than {timeout:g} s for messages that no rank "
+                "sends. Compare where they wait: every send needs a matching recv, and every rank must call "
+                "the same collectives in the same order, with the same sizes and dtypes")
+    table = _table(states, timeout, None, deadlock=True)
+    return RankError(f"{head}\n{table}", s.rank, s.error["traceback"])
 
 
 def failure(states: list[RankState], timeout: float) -> RankError:
     """The report of a run in which a rank that was not allowed to fail did."""
-    s = _cause(states)
-    failed = [q for q in states if not q.allowed and q.error is not None]
+    s = _cause(states) or _absent(states)
     if s is None and _deadlocked(states):
-        s = min((q for q in failed if q.kind == "timeout"), key=lambda q: q.rank)
-        head = (f"deadlock: the ranks timed out, waiting more than {timeout:g} s for messages that no rank "
-                "sends. Compare where they wait: every send needs a matching recv, and every rank must call "
-                "the same collectives in the same order, with the same sizes and dtypes")
-        table = _table(states, timeout, None, deadlock=True)
-        return RankError(f"{head}\n{table}", s.rank, s.error["traceback"])
+        return _deadlock(states, timeout)
+    failed = [q for q in states if not q.allowed and q.error is not None]
     if s is None:
         order = {"timeout": 0, "peer": 1}
         s = min(failed, key=lambda q: (order.get(q.kind, 2), q.at))
-    head = _headline(s, states, timeout)
+    head = _absent_headline(s, states, timeout) if s.code is None else _headline(s, states, timeout)
     tb = s.error["traceback"] if s.error else ""
     text = f"{head}\n{_table(states, timeout, None if s.kind == 'peer' else s.rank)}"
     if tb:
@@ -202,21 +275,35 @@ def stuck(states: list[RankState], grace: float, timeout: float) -> RankError:
     return RankError(f"{head}\n{_table(states, timeout, ranks[0])}{_stacks(states)}", ranks[0])
 
 
-def ended_allowed(s: RankState, grace: float) -> RankError:
+def past_deadline(states: list[RankState], limit: str, timeout: float) -> RankError:
+    """The report of a run still going at its deadline: where every running rank was."""
+    running = [s for s in states if s.code is None and not s.allowed]
+    s = min(running, key=lambda q: (q.joined, q.communicating, q.rank))
+    ranks = [q.rank for q in running]
+    who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {ranks} were"
+    outside = [q.rank for q in running if not q.communicating]
+    why = ("none of them in communication: an endless loop, or a computation longer than the deadline"
+           if len(outside) == len(running) else
+           f"{'rank' if len(outside) == 1 else 'ranks'} {outside if len(outside) > 1 else outside[0]} "
+           "outside communication" if outside else "all of them waiting in communication")
+    head = (f"{who} still running when the run reached {limit}, so the launcher ended it ({why}); "
+            "run(deadline=...) sets how long the function may run. Every running rank's stack is below")
+    return RankError(f"{head}\n{_table(states, timeout, s.rank)}{_stacks(states)}", s.rank)
+
+
+def ended_allowed(s: RankState, why: str) -> RankError:
     """The slot of a rank allowed to fail (may_fail) that was still running when the others were done."""
-    return RankError(f"rank {s.rank} was still running {grace:g} s after the other ranks finished, so the "
-                     "launcher ended it (may_fail allows it to fail); it was in "
-                     f"{where(s.frames, s.sources)}", s.rank)
+    return RankError(f"rank {s.rank} was still running {why}, so the launcher ended it (may_fail allows it "
+                     f"to fail); it was in {where(s.frames, s.sources)}", s.rank)
 
 
 def own_error(s: RankState) -> RankError:
     """Rank s's failure on its own, for a rank that `run(may_fail=...)` allows to fail."""
     if s.error is not None:
         return RankError(f"rank {s.rank} failed with {_raised(s.error)}", s.rank, s.error["traceback"])
-    return RankError(f"rank {s.rank} {_death(s.code)} without raising a Python exception. {_hint(s.code)}",
-                     s.rank)
+    return RankError(_death_report(s), s.rank)
 
 
-def interrupted(states: list[RankState], timeout: float) -> str:
-    """Where every rank was when the run was interrupted (Ctrl-C, or the kernel's interrupt button)."""
-    return f"launch.run was interrupted.\n{_table(states, timeout, None)}{_stacks(states)}"
+def interrupted(states: list[RankState], timeout: float, how: str = "interrupted") -> str:
+    """Where every rank was when the run was interrupted (Ctrl-C, the kernel's interrupt button, SIGTERM)."""
+    return f"launch.run was {how}.\n{_table(states, timeout, None)}{_stacks(states)}"

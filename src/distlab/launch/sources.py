@@ -116,7 +116,14 @@ def _code(file: str, line: int) -> str:
 
 
 def _internal(f: Frame) -> bool:
-    return _TORCH in f.file or f.file.startswith(_LAUNCH) or f.file == "<string>"
+    return _TORCH in f.file or f.file.startswith(_LAUNCH)
+
+
+def _startup(frames: list[Frame]) -> str:
+    """Where a rank is before its function started: in init_process_group, or elsewhere in the launcher."""
+    ops = [f.name for f in frames if f.file.endswith("distributed_c10d.py")]
+    return f"{ops[0]}, before the function started" if ops else \
+        "the launcher's start-up, before the function started"
 
 
 def where(frames: list[Frame], sources: dict[str, dict]) -> str:
@@ -126,7 +133,7 @@ def where(frames: list[Frame], sources: dict[str, dict]) -> str:
     outside communication); the line is the innermost frame of the student's code."""
     user = [i for i, f in enumerate(frames) if not _internal(f)]
     if not user:
-        return "in the launcher, before the function started"
+        return _startup(frames)
     caller, called = frames[user[-1]], frames[user[-1] + 1:]
     ops = ([f.name for f in called if f.file.endswith("distributed_c10d.py")]
            or [f.name for f in called if TORCH_DIST in f.file and f.name != "wrapper"])
@@ -140,15 +147,17 @@ _DUMP_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 
 
 def parse_dump(text: str) -> list[Frame]:
-    """The main thread's stack from a faulthandler dump of every thread, outermost first.
+    """The main thread's stack from a faulthandler dump of every thread, outermost first, from the frame
+    that `_worker_main` called on (the `python -c` line and `_worker_main` itself are the launcher's).
 
     faulthandler lists each thread's frames innermost first; the main thread is the one running the
     launcher's `_worker_main`."""
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
         matches = [m for m in map(_DUMP_FRAME.match, block.splitlines()) if m]
-        frames = [Frame(m[1], int(m[2]), m[3].strip()) for m in matches]
-        if any(f.name == "_worker_main" for f in frames):
-            return frames[::-1]
+        frames = [Frame(m[1], int(m[2]), m[3].strip()) for m in matches][::-1]
+        outer = [i for i, f in enumerate(frames) if f.name == "_worker_main" and f.file.startswith(_LAUNCH)]
+        if outer:
+            return frames[outer[0] + 1:]
     return []
 
 
@@ -156,7 +165,7 @@ def format_stack(frames: list[Frame], sources: dict[str, dict]) -> str:
     """A live rank's stack in traceback form, without the launcher's own frames."""
     lines = []
     for f in frames:
-        if f.file.startswith(_LAUNCH) or f.file == "<string>":
+        if f.file.startswith(_LAUNCH):
             continue
         lines.append(f'  File "{f.file}", line {f.line}, in {f.name}')
         code = linecache.getline(f.file, f.line).strip()

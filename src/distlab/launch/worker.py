@@ -15,6 +15,7 @@ import datetime
 import faulthandler
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -28,13 +29,16 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from distlab.launch import cleanup
 from distlab.launch.sources import TORCH_DIST, Frame, register, rename_cells, where
 
 RENDEZVOUS_TIMEOUT = 300.0  # seconds ranks may take to start and meet (importing torch is slow on 2 cores)
 
 # What a rank's error says when a *peer* went away: a symptom, not the cause.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
-             "econnreset", "connection refused", "communicator was aborted", "remote process exited")
+             "econnreset", "connection refused", "communicator was aborted", "remote process exited",
+             "pair closure")
+_NATIVE = re.compile(r"\[[^\]]*(gloo|c10d|nccl)[^\]]*\.(cc|cpp|h|hpp):\d+\]", re.IGNORECASE)
 
 
 def choose_backend(world_size: int, gpus: int, nccl_available: bool) -> str:
@@ -71,6 +75,17 @@ def init_rank(backend: str, rank: int, world_size: int, local_rank: int, timeout
                             timeout=datetime.timedelta(seconds=timeout), **kwargs)
 
 
+def _wait_for_arrivals(store: dist.Store, rank: int, world_size: int) -> None:
+    """Return once every rank has loaded its function and is about to call `init_process_group`.
+
+    Ranks start at different speeds (importing torch takes seconds on a busy machine), and gloo counts
+    the run's `timeout` in `init_process_group` from each rank's own arrival: without this wait, a small
+    timeout would end a run before it began. A rank that never arrives (its arguments' unpickling hangs)
+    is found by the launcher, which watches the `joining` files (`launcher._watch`)."""
+    store.set(f"arrived/{rank}", "1")
+    store.wait([f"arrived/{r}" for r in range(world_size)])
+
+
 def _wait_for_everyone(store: dist.Store, rank: int, world_size: int) -> None:
     """Return once every rank has joined the process group.
 
@@ -91,22 +106,43 @@ def _message(e: BaseException) -> tuple[str | None, str]:
         return None, f"its __str__ raised {type(inner).__name__}"
 
 
+def _from_torch_distributed(e: BaseException, message: str) -> bool:
+    """Whether torch.distributed raised e: a `DistError`, an error raised in its Python code, or one that
+    its C++ raised through `Work.wait()` (whose innermost Python frame is the caller's: gloo's
+    messages start with their source file, "[.../gloo/transport/tcp/pair.cc:537] ...")."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return (isinstance(e, dist.DistError) or bool(frames and TORCH_DIST in frames[-1].filename)
+            or bool(_NATIVE.search(message)))
+
+
+def _symptom(e: BaseException) -> str:
+    """"timeout", "peer" or "raised": the kind of e, or of the exception it was raised from or while
+    handling (a chapter that wraps a lost connection in its own error still reports a symptom)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        message = (_message(e)[0] or "")
+        text = message.lower()
+        if _from_torch_distributed(e, message):
+            if "timed out" in text or "timeout" in text or "timeout" in type(e).__name__.lower():
+                return "timeout"
+            if any(s in text for s in PEER_GONE):
+                return "peer"
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return "raised"
+
+
 def describe(e: BaseException, sources: dict[str, dict]) -> dict:
     """What the parent needs to know about a rank's exception, as JSON.
 
     `kind` tells a symptom from a cause by where the exception comes from, not by its words:
-    "timeout" and "peer" (the connection to a peer broke) are raised inside `torch.distributed`;
-    anything else, including a student's own exception that says "timed out", is "raised"."""
+    "timeout" and "peer" (the connection to a peer broke) are raised by `torch.distributed` (in its
+    Python code, or its C++ through `Work.wait()`), also when wrapped in another exception; anything
+    else, including a student's own exception that says "timed out", is "raised"."""
     tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # start at the user's function
     frames = [Frame(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb)]
     message, unprintable = _message(e)
-    text = (message or "").lower()
-    kind = "raised"
-    if frames and TORCH_DIST in frames[-1].file:
-        if "timed out" in text or "timeout" in text or "timeout" in type(e).__name__.lower():
-            kind = "timeout"
-        elif any(s in text for s in PEER_GONE):
-            kind = "peer"
+    kind = _symptom(e)
     return {"time": time.time(), "type": type(e).__qualname__, "message": message,
             "unprintable": unprintable, "kind": kind, "where": where(frames, sources),
             "traceback": rename_cells("".join(traceback.format_exception(type(e), e, tb)), sources)}
@@ -117,7 +153,26 @@ def _watch_parent(parent_pid: int, run_dir: Path) -> None:
     while os.getppid() == parent_pid:
         time.sleep(0.5)
     shutil.rmtree(run_dir, ignore_errors=True)
+    cleanup.kill_all(cleanup.descendants([os.getpid()]))  # also those in a session of their own
     os.killpg(0, signal.SIGKILL)  # this rank leads its own process group: it and its children
+
+
+def _listen(d: Path, rank: int) -> list:
+    """Answer SIGUSR1 with a dump of every thread's stack, and a fatal signal (SIGSEGV, SIGABRT...) with
+    the same, into files the launcher reads. The stack file appears only once the handler is in place,
+    so the launcher never sends SIGUSR1 (which would kill the process) too early."""
+    fatal = open(d / f"rank{rank}.fatal", "w")  # kept open for faulthandler, like the stack file
+    faulthandler.enable(file=fatal, all_threads=True)
+    stack_file = open(d / f"rank{rank}.stack.tmp", "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    os.replace(d / f"rank{rank}.stack.tmp", d / f"rank{rank}.stack")
+    return [fatal, stack_file]  # the caller keeps them open: closing them would silence faulthandler
+
+
+def _record_children(d: Path, rank: int) -> None:
+    """Before this rank exits, note every process it started and that still runs, for `cleanup.end`."""
+    found = cleanup.descendants([os.getpid()])
+    (d / f"rank{rank}.children").write_text("".join(f"{pid} {start}\n" for pid, start in found))
 
 
 def _result_bytes(result: Any, rank: int) -> bytes:
@@ -133,14 +188,16 @@ def _worker_main(run_dir: str, rank: int) -> None:
     d = Path(run_dir)
     spec = json.loads((d / "spec.json").read_text())
     threading.Thread(target=_watch_parent, args=(spec["parent_pid"], d), daemon=True).start()
-    stack_file = open(d / f"rank{rank}.stack", "w")  # kept open for faulthandler
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    listening = _listen(d, rank)  # noqa: F841 (kept open until the process exits)
+    cleanup.adopt_orphans()
     sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
     register(spec["sources"])
     try:
         fn, args, kwargs = cloudpickle.loads((d / "payload.pkl").read_bytes())
+        (d / f"rank{rank}.joining").touch()
         store = dist.TCPStore(spec["host"], spec["port"], spec["world_size"], is_master=False,
                               timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT))
+        _wait_for_arrivals(store, rank, spec["world_size"])
         init_rank(spec["backend"], rank, spec["world_size"], rank, spec["timeout"], store)
         _wait_for_everyone(store, rank, spec["world_size"])
         (d / f"rank{rank}.started").touch()
@@ -151,9 +208,13 @@ def _worker_main(run_dir: str, rank: int) -> None:
     except BaseException as e:  # report everything, including SystemExit
         (d / f"rank{rank}.err.tmp").write_text(json.dumps(describe(e, spec["sources"])))
         os.replace(d / f"rank{rank}.err.tmp", d / f"rank{rank}.error")  # whole, or not at all
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        _exit(d, rank, 1)
+    _exit(d, rank, 0)
+
+
+def _exit(d: Path, rank: int, code: int) -> None:
+    """Leave without interpreter teardown (no atexit surprises from libraries in a finished rank)."""
+    _record_children(d, rank)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # skip interpreter teardown: no atexit surprises from libraries in a finished rank
+    os._exit(code)

@@ -52,10 +52,10 @@ def check_precision(precision: str) -> tuple[int, int, int]:
     return PRECISIONS[precision]
 
 
-def check_zero_stage(zero_stage: int) -> int:
-    if zero_stage not in (0, 1, 2, 3):
+def check_zero_stage(zero_stage: int, name: str = "zero_stage") -> int:
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
         raise ValueError(
-            f"zero_stage={zero_stage!r} is not a ZeRO stage; choose 0 (replicated), 1 (shard the "
+            f"{name}={zero_stage!r} is not a ZeRO stage; choose 0 (replicated), 1 (shard the "
             "optimizer state), 2 (and the gradients) or 3 (and the parameters)"
         )
     return zero_stage

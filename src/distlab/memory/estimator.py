@@ -130,7 +130,7 @@ def validate(c: MemoryConfig) -> bool:
         gpus_per_node=c.gpus_per_node,
         host_memory_gb=c.host_memory_gb,
     )
-    cost_model.check_zero_stage(c.zero)
+    cost_model.check_zero_stage(c.zero, name="zero")
     cost_model.check_precision(c.precision)
     if c.recompute not in cost_model.RECOMPUTE:
         raise ValueError(

@@ -36,7 +36,7 @@ def collect(args: argparse.Namespace) -> dict:
     parity = expert_parallel_parity([ParityCase(sizes, args.experts, args.k, args.capacity_factor,
                                                 seed=args.seed)])[0]
     passed = [None] * p
-    dist.all_gather_object(passed, parity.passed())
+    dist.all_gather_object(passed, parity.passed)
     rows = measure_traffic(args.tokens, args.d_model, 2 * args.d_model, args.experts, args.k,
                            args.capacity_factor, args.skew, args.steps, seed=args.seed,
                            dtype=DTYPES[args.dtype])

@@ -225,7 +225,7 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
 
     from distlab.moe.expert_parallel import ExpertParallelMoE
     from distlab.moe.layer import MoELayer
-    from distlab.moe.parity import _max_diff
+    from distlab.parity import compare
 
     r, p = dist.get_rank(), dist.get_world_size()
     reports = []
@@ -247,7 +247,7 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (b - a, 6):
             shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
             problems.append(f"rank {r} returned {shape}; return this rank's output rows, shape {(b - a, 6)}")
-        elif _max_diff(y, out.y[a:b]) > 1e-9:
+        elif not compare(y, out.y[a:b]).passed:  # float64's tolerance, distlab.parity.TOLERANCE
             routing = out.routings[r]
             unweighted = torch.zeros_like(x[a:b])
             for i, expert in enumerate(ref.experts):
@@ -256,16 +256,16 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
             if float(y.detach().abs().max()) == 0.0:
                 problems.append(f"rank {r}'s output is all zeros: did the results come back (the combine "
                                 "all-to-all, split sizes swapped) and get added into y?")
-            elif _max_diff(y, unweighted) < 1e-9:
+            elif compare(y, unweighted).passed:
                 problems.append(f"rank {r}: the expert outputs were not multiplied by the gates")
             else:
                 problems.append(f"rank {r}: output differs from the reference by up to "
-                                f"{_max_diff(y, out.y[a:b]):.3g} (rows sent to the wrong rank, or results "
-                                "added to the wrong tokens?)")
+                                f"{compare(y, out.y[a:b]).worst():.3g} (rows sent to the wrong rank, or "
+                                "results added to the wrong tokens?)")
         else:
             if y.requires_grad:
                 (y * w[a:b]).sum().backward()
-            if x_mine.grad is None or _max_diff(x_mine.grad, x_ref.grad[a:b]) > 1e-9:
+            if x_mine.grad is None or not compare(x_mine.grad, x_ref.grad[a:b]).passed:
                 problems.append(f"rank {r}: the output is right but the gradient of x is "
                                 f"{'missing' if x_mine.grad is None else 'wrong'}: dist.all_to_all_single is "
                                 "not differentiable; send the rows with distlab.moe.all_to_all (or your own "

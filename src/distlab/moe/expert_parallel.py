@@ -129,7 +129,7 @@ class ExpertParallelMoE(nn.Module):
                  group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.group = group
-        check_moe_config(num_experts, k, capacity_factor, self.world_size)
+        check_moe_config(num_experts, k, capacity_factor, self.world_size, d_model=d_model, d_hidden=d_hidden)
         self.num_experts, self.k = num_experts, k
         self.capacity_factor, self.normalize = capacity_factor, normalize
         self.experts_per_rank = num_experts // self.world_size

@@ -33,8 +33,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def check_moe_config(num_experts: int, k: int, capacity_factor: float, world_size: int = 1) -> None:
+def check_moe_config(num_experts: int, k: int, capacity_factor: float, world_size: int = 1, *,
+                     d_model: int = 1, d_hidden: int = 1) -> None:
     """Validate the layer's shape at the boundary; raise a ValueError that names the value and the fix."""
+    for name, value in (("d_model", d_model), ("d_hidden", d_hidden)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer (a width of the experts), "
+                             f"e.g. {name}=64")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts={num_experts!r} must be a positive integer, e.g. num_experts=8")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

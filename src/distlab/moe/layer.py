@@ -85,7 +85,7 @@ class MoELayer(nn.Module):
     def __init__(self, d_model: int, d_hidden: int, num_experts: int, k: int = 1,
                  capacity_factor: float = 1.25, normalize: bool = True, noisy: bool = False) -> None:
         super().__init__()
-        check_moe_config(num_experts, k, capacity_factor)
+        check_moe_config(num_experts, k, capacity_factor, d_model=d_model, d_hidden=d_hidden)
         self.num_experts, self.k = num_experts, k
         self.capacity_factor, self.normalize = capacity_factor, normalize
         self.router = Router(d_model, num_experts, noisy)

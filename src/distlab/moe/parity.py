@@ -12,9 +12,11 @@ share with `ExpertParallelMoE.from_reference`, runs that on its own tokens, and 
 - the loss is sum(y * w) + 0.3 * aux + 0.1 * z per rank, and G times the group mean for the reference.
 
 Everything runs in float64, where both sides compute the same sums in a different order: differences
-are a few ulps (1e-15 relative), so a tolerance of 1e-10 separates rounding from a real bug by orders
-of magnitude. `ParityResult.verdict()` states the claim against that tolerance in words that are the
-same on every machine (the differences themselves are not: print the verdict in a lab).
+are a few ulps (1e-15 relative), so float64's tolerance in `distlab.parity.TOLERANCE`, 1e-10, separates
+rounding from a real bug by orders of magnitude. The routing is compared as the number of chosen experts
+and kept flags that differ (0 within any tolerance). `MoEParityReport.verdict()` states the claim against
+that tolerance in words that are the same on every machine (the differences themselves are not: print
+the verdict in a lab).
 
 `group` is the expert-parallel group (None = the whole world); `sizes[r]` is the token count of the
 group's rank r, so the same cases run on the whole world or on each half of a larger one.
@@ -22,7 +24,8 @@ group's rank r, so the same cases run on the whole world or on each half of a la
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -31,9 +34,9 @@ from distlab.mesh import group_rank, group_size
 from distlab.moe.expert_parallel import AllToAllStats, ExpertParallelMoE
 from distlab.moe.gating import load_balancing_loss
 from distlab.moe.layer import MoELayer
+from distlab.parity import ParityReport, compare
 
 AUX_WEIGHT, Z_WEIGHT = 0.3, 0.1
-TOLERANCE = 1e-10  # float64: a few ulps of rounding against O(1) for a real mistake
 
 
 @dataclass
@@ -49,46 +52,46 @@ class ParityCase:
     d_hidden: int = 16
     seed: int = 0
 
+    def label(self) -> str:
+        return (f"tokens per rank {self.sizes}, E={self.num_experts}, k={self.k}, "
+                f"rho={self.capacity_factor:g}")
+
 
 @dataclass
-class ParityResult:
-    """This rank's largest absolute differences from the reference, and what its all-to-alls carried."""
+class MoEParityReport(ParityReport):
+    """`distlab.parity`'s report of one rank and one case (routing, outputs, gradients, aux loss, within
+    float64's tolerance), with what its all-to-alls carried and the fraction of assignments dropped."""
 
-    case: ParityCase
-    errors: dict[str, float] = field(default_factory=dict)
-    same_routing: bool = True
+    case: ParityCase | None = None
     dropped: float = 0.0
     comm: AllToAllStats | None = None
 
-    def worst(self) -> float:
-        return max(self.errors.values(), default=0.0)
+    @property
+    def errors(self) -> dict[str, float]:
+        return self.flat()
 
-    def passed(self, tol: float = TOLERANCE) -> bool:
-        return self.same_routing and all(e < tol for e in self.errors.values())
-
-    def verdict(self, tol: float = TOLERANCE) -> str:
-        """One line that is the same on every machine: the claim checked, and ok or what failed."""
-        c = self.case
-        head = (f"tokens per rank {c.sizes}, E={c.num_experts}, k={c.k}, rho={c.capacity_factor:g}: same "
-                f"routing, outputs and gradients within {tol:g}")
-        if self.passed(tol):
-            return head + ": ok"
-        bad = (["routing"] if not self.same_routing else []) + [n for n, e in self.errors.items()
-                                                                if not e < tol]
-        return f"{head}: FAILED ({', '.join(bad)})"
+    @property
+    def same_routing(self) -> bool:
+        return self.differences["routing"]["routing"] == 0
 
 
-def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
-    """Largest |a - b|; a missing gradient (None: the tensor took no part) counts as zeros. The parallel
-    layer runs every expert, even on zero rows, so its unused experts get zero gradients, not None."""
+def _or_zeros(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A missing gradient (None: the tensor took no part) counts as zeros. The parallel layer runs every
+    expert, even on zero rows, so its unused experts get zero gradients, not None."""
     if a is None and b is None:
-        return 0.0
-    a = torch.zeros_like(b) if a is None else a
-    b = torch.zeros_like(a) if b is None else b
-    return float((a.detach() - b.detach()).abs().max()) if a.numel() else 0.0
+        return torch.zeros(()), torch.zeros(())
+    return (torch.zeros_like(b) if a is None else a), (torch.zeros_like(a) if b is None else b)
 
 
-def parity_one(case: ParityCase, group: dist.ProcessGroup | None = None) -> ParityResult:
+def _routing_mismatches(mine, want) -> float:
+    """How many chosen experts or kept flags differ from the reference's (inf if the shapes differ)."""
+    pairs = ((mine.expert_index, want.expert_index), (mine.kept, want.kept))
+    if any(a.shape != b.shape for a, b in pairs):
+        return math.inf
+    return float(sum(int((a != b).sum()) for a, b in pairs))
+
+
+def parity_one(case: ParityCase, group: dist.ProcessGroup | None = None) -> MoEParityReport:
     """Run one case on this rank (every rank of `group` must call it with the same case)."""
     r, p = group_rank(group), group_size(group)
     if len(case.sizes) != p:
@@ -113,27 +116,27 @@ def parity_one(case: ParityCase, group: dist.ProcessGroup | None = None) -> Pari
     mine = ep(x_mine)
     ((mine.y * w[a:b]).sum() + AUX_WEIGHT * mine.aux_loss + Z_WEIGHT * mine.z_loss).backward()
 
-    res = ParityResult(case, dropped=mine.routing.dropped_fraction(), comm=mine.comm)
-    res.errors["output"] = _max_diff(mine.y, out.y[a:b])
-    res.errors["input grad"] = _max_diff(x_mine.grad, x_ref.grad[a:b])
     router_grad = ep.router.w_g.weight.grad.clone()
     if p > 1:
         dist.all_reduce(router_grad, group=group)
-    res.errors["router grad"] = _max_diff(router_grad, ref.router.w_g.weight.grad)
     expert_err = 0.0
     for j, expert in enumerate(ep.experts):
         twin = ref.experts[ep.first_expert + j]
         for pa, pb in zip(expert.parameters(), twin.parameters(), strict=True):
-            expert_err = max(expert_err, _max_diff(pa.grad, pb.grad))
-    res.errors["expert grads"] = expert_err
-    res.errors["aux loss"] = _max_diff(mine.aux_loss.detach(), load_balancing_loss(out.routings[r]).detach())
-    want = out.routings[r]
-    res.same_routing = bool(torch.equal(mine.routing.expert_index, want.expert_index)
-                            and torch.equal(mine.routing.kept, want.kept))
-    return res
+            expert_err = max(expert_err, compare(*_or_zeros(pa.grad, pb.grad), dtype=torch.float64).worst())
+    x_grad, x_grad_ref = _or_zeros(x_mine.grad, x_ref.grad[a:b])
+    ours = {"routing": _routing_mismatches(mine.routing, out.routings[r]), "output": mine.y,
+            "input grad": x_grad, "router grad": router_grad, "expert grads": expert_err,
+            "aux loss": mine.aux_loss.detach()}
+    want = {"routing": 0.0, "output": out.y[a:b], "input grad": x_grad_ref,
+            "router grad": ref.router.w_g.weight.grad, "expert grads": 0.0,
+            "aux loss": load_balancing_loss(out.routings[r]).detach()}
+    report = compare(ours, want, dtype=torch.float64, label=case.label())
+    return MoEParityReport(report.differences, report.tolerance, report.dtype, report.label, case=case,
+                           dropped=mine.routing.dropped_fraction(), comm=mine.comm)
 
 
 def expert_parallel_parity(cases: list[ParityCase], group: dist.ProcessGroup | None = None
-                           ) -> list[ParityResult]:
+                           ) -> list[MoEParityReport]:
     """Run every case on this rank of `group`, in order (one launch for all of them)."""
     return [parity_one(c, group) for c in cases]

@@ -9,23 +9,19 @@ One idea per file:
 - `train`: `Trainer3D`, one rank of the run a step at a time on a `distlab.mesh.grid(dp=, pp=, tp=)`:
   chapter 4's executor, chapter 5's layers and loss, chapter 7's ZeRO; checkpointable (save at step k,
   load on another (dp, pp, tp), go on); `train_3d`, its loop over a list of batches; `make_batches`.
-- `parity`: the single-process reference (`reference_run`) and `compare` -> `Parity3D`, a verdict.
+- `parity`: the single-process reference (`reference_run`) and `parity_3d`, a `distlab.parity` report.
 - `traffic`: the bytes of a step recorded from its calls, per dim; `cost_model`: the same from the shapes.
 - `placement`: the mesh put on a chapter-8 cluster, TP inside a node or across, and the predicted time.
 - `figures`: the mesh and the placement pictures; `exercises`: the lab's checks.
 - `__main__`: `python -m distlab.parallel3d --dp 2 --pp 2 --tp 1` runs a few steps and checks parity.
 Checkpoints, restarts and many nodes:
-- `checkpoint`: the one contract (`ShardedParam`: dense name, local tensor, tp dim, c_attn's 3 chunks,
-  the tied copy; `Checkpointable`, which `Trainer3D` and the dp x tp `Trainer` both are) and sharded
-  save/load with torch.distributed.checkpoint: each pipeline stage writes its own keys as DTensors on
-  its (dp, tp) sub-mesh, loadable on another (dp, pp, tp) (resharding); `checkpoint_zero`: ZeRO's flat
-  Adam state to and from one tensor per parameter;
-  `checkpoint_verify`: a damaged or partial checkpoint is refused with the file and the key it lacks.
-- `checkpoint_train`: a small dp x tp trainer (chapter 5's ParallelGPT, chapter 7's ZeRO) and its
-  single-process reference, the lab's quick example; `checkpoint_parity`: resume on other meshes, and
-  the verdict. The 3D run is checkpointed through the same code (tests/test_parallel3d_checkpoint_3d.py).
-- `checkpoint_cost`: steps lost and the checkpoint interval (Young 1974, Daly 2006);
-  `checkpoint_figures`, `checkpoint_exercises`: the lab's figure and check.
+- `checkpoint/`, a sub-package: the one contract (`ShardedParam`: dense name, local tensor, tp dim,
+  c_attn's 3 chunks, the tied copy; `Checkpointable`, which `Trainer3D` and the dp x tp
+  `checkpoint.train.Trainer` both are); sharded save/load with torch.distributed.checkpoint, each
+  pipeline stage writing its own keys as DTensors on its (dp, tp) sub-mesh, loadable on another
+  (dp, pp, tp) (resharding); a CRC-32 per chunk, and a damaged, partial or mismatched checkpoint refused
+  by name before anything loads; ZeRO's flat Adam state per parameter; the lab's small trainer, parity,
+  cost model (Young 1974, Daly 2006), figure and check (its `__init__` maps its files).
 - `restart`: the script torchrun restarts (`--max-restarts`): `Trainer3D` on `--dp --pp --tp`, with
   fault injection (`--kill-at-step`);
   `multinode`: torchrun and sbatch commands, and several torchrun agents on one machine as "nodes".
@@ -36,14 +32,14 @@ from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.parallel3d.cost_model import Transfer, bytes_by_dim, predicted_traffic
 from distlab.parallel3d.model import StageModel, build_stage, named_shards
-from distlab.parallel3d.parity import Parity3D, Reference, compare, reference_run
+from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, Trainer3D, make_batches, train_3d
 
+compare = parity_3d  # the older name, which tests/test_parallel3d_checkpoint_3d.py imports
+
 __all__ = [
-    "Parity3D",
     "Plan3D",
     "RankRun3D",
-    "Reference",
     "ShardedParam",
     "StageModel",
     "Trainer3D",
@@ -55,6 +51,7 @@ __all__ = [
     "compare",
     "make_batches",
     "named_shards",
+    "parity_3d",
     "predicted_traffic",
     "reference_run",
     "train_3d",

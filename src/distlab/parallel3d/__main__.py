@@ -5,7 +5,7 @@
 
 The world size is dp x pp x tp (`--world-size`, if given, must equal it). Every rank trains its shard;
 the parent process trains the dense GPT on the same seed and batches, compares losses, first-step
-gradients and final parameters shard by shard (`parity.compare`), and compares the bytes each rank
+gradients and final parameters shard by shard (`parity.parity_3d`), and compares the bytes each rank
 recorded per mesh dim with `cost_model.predicted_traffic`.
 """
 
@@ -22,7 +22,7 @@ from distlab.mesh import grid
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import SCHEDULES_3D, ZERO_STAGES_3D, Plan3D, check_plan
 from distlab.parallel3d.cost_model import bytes_by_dim, predicted_traffic
-from distlab.parallel3d.parity import compare, reference_run
+from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, make_batches, train_3d
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -50,7 +50,7 @@ def summarize(runs: list[RankRun3D], args: argparse.Namespace) -> dict:
     """The parity verdict and, per rank, the bytes sent per dim: recorded and predicted."""
     config, plan, dtype = _config(args), _plan(args), DTYPES[args.dtype]
     batches = make_batches(config, args.batch, args.seq, args.steps, args.seed)
-    parity = compare(runs, reference_run(config, batches, args.seed, dtype=dtype), config, plan, dtype)
+    parity = parity_3d(runs, reference_run(config, batches, args.seed, dtype=dtype), config, plan, dtype)
     ranks = []
     for rank, run in enumerate(runs):
         want = predicted_traffic(config, plan, args.batch, args.seq, run.coords["pp"], dtype.itemsize)

@@ -66,6 +66,13 @@ def block_ranges(n_layer: int, pp: int) -> list[range]:
     return [range(starts[s], starts[s + 1]) for s in range(pp)]
 
 
+def _check_shape(batch: int, seq: int) -> None:
+    for name, value, what in (("batch", batch, "sequences"), ("seq", seq, "tokens per sequence")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer (the global batch's {what}); "
+                             f"e.g. {name}=8")
+
+
 def check_plan(plan: Plan3D, config: GPTConfig, batch: int, seq: int, world_size: int | None = None) -> None:
     """Raise a ValueError naming the first thing in `plan` that does not fit the model, the batch of
     `batch` sequences of `seq` tokens, or the world of `world_size` ranks."""
@@ -91,6 +98,7 @@ def check_plan(plan: Plan3D, config: GPTConfig, batch: int, seq: int, world_size
     if config.dropout:
         raise ValueError(f"dropout={config.dropout}: the ranks would draw different masks than one process; "
                          "use dropout=0.0")
+    _check_shape(batch, seq)
     if batch % plan.dp:
         raise ValueError(f"batch={batch} sequences is not divisible by dp={plan.dp}; every replica takes "
                          f"batch/dp of them: use a batch that is a multiple of {plan.dp}")

@@ -83,13 +83,14 @@ def free_port() -> int:
 
 
 def run_agents(commands: Sequence[Sequence[str]], *, timeout: float = 120.0,
-               env: dict[str, str] | None = None) -> list[str]:
-    """Run torchrun agents (one command each) side by side and return their outputs (stdout and stderr
-    together). Each agent runs in its own session, so that on a timeout or an error the agent and all
-    the workers it started are killed together: nothing is left behind."""
+               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> list[str]:
+    """Run torchrun agents (one command each) side by side, in the directory `cwd` (None: this one), and
+    return their outputs (stdout and stderr together). Each agent runs in its own session, so that on a
+    timeout or an error the agent and all the workers it started are killed together: nothing is left
+    behind."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     procs = [subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=full_env, start_new_session=True) for cmd in commands]
+                              env=full_env, start_new_session=True, cwd=cwd) for cmd in commands]
     deadline = time.monotonic() + timeout
     outputs = []
     try:
@@ -113,11 +114,12 @@ def run_agents(commands: Sequence[Sequence[str]], *, timeout: float = 120.0,
 
 
 def run_standalone(module_args: Sequence[str], *, nproc: int, max_restarts: int = 0,
-                   timeout: float = 120.0) -> str:
-    """`torchrun --standalone --nproc-per-node nproc --max-restarts k <module_args>` on this machine."""
+                   timeout: float = 120.0, cwd: str | os.PathLike | None = None) -> str:
+    """`torchrun --standalone --nproc-per-node nproc --max-restarts k <module_args>` on this machine, in
+    the directory `cwd`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "--max-restarts", str(max_restarts), *module_args]
-    return run_agents([cmd], timeout=timeout)[0]
+    return run_agents([cmd], timeout=timeout, cwd=cwd)[0]
 
 
 def run_local_nodes(module_args: Sequence[str], *, nnodes: int = 2, nproc_per_node: int = 2,

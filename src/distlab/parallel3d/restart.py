@@ -4,7 +4,7 @@
         --dp 1 --pp 2 --tp 2 --steps 8 --every 3 --kill-at-step 5 --dir /tmp/run
 
 It trains the 3D-parallel GPT (`train.Trainer3D` on `grid(dp=, pp=, tp=)`, ZeRO stage 2 over dp) on
-`checkpoint_train`'s model and data, so its losses equal `checkpoint_train.reference_losses`.
+`checkpoint.train`'s model and data, so its losses equal `checkpoint.train.reference_losses`.
 
 Each attempt (torchrun's `TORCHELASTIC_RESTART_COUNT`: 0, then 1, ...) starts by loading the newest
 complete checkpoint under `--dir`, if there is one, and trains up to `--steps`, saving after every
@@ -13,10 +13,14 @@ itself SIGKILL just before step S, as a crashed GPU or a lost node would end it,
 torchrun agent sees a worker die, stops the others and starts the whole group again (Elastic Horovod
 and torchrun restart the group rather than the one rank: the survivors' state is mid-collective).
 
-The work lost is every step done after the last checkpoint: S - (S // every) * every steps. Rank 0
-appends one JSON line per step to `--dir/losses.jsonl` (attempt, step, loss) and, at the end,
-`--dir/report.json`; `summarize` reads them back. `--report-dir` makes every rank also write where it
-ran (torchrun's GROUP_RANK, LOCAL_RANK) and its tp peers, for the many-node test.
+The work lost is every step done after the last checkpoint: S - (S // every) * every steps. `--dir` is
+made if it does not exist. Rank 0 appends one JSON line per step to `--dir/losses.jsonl` (torchrun's run
+id, attempt, step, loss) and, at the end, writes `--dir/report.json` and prints a summary of the run
+(`summarize`, `describe`: attempts, the step it resumed from, the steps lost, the last loss).
+`--report-dir` makes every rank also write where it ran (torchrun's GROUP_RANK, LOCAL_RANK) and its tp
+peers, for the many-node test. A fault that could not happen is refused, not skipped: `--kill-rank`
+outside the world, `--kill-at-step` at or past `--steps`, or a `--dir` whose newest checkpoint is
+already past `--kill-at-step`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch.distributed as dist
 
 from distlab import mesh as meshes
 from distlab.parallel3d import checkpoint
-from distlab.parallel3d.checkpoint_train import TrainConfig, dataset, global_batch
+from distlab.parallel3d.checkpoint.train import TrainConfig, dataset, global_batch
 from distlab.parallel3d.config import Plan3D
 from distlab.parallel3d.train import Trainer3D
 
@@ -59,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
     if args.every < 0:
         p.error(f"--every={args.every} must be 0 (no checkpoints) or a positive number of steps")
+    world = args.dp * args.pp * args.tp
+    if args.kill_at_step >= args.steps or args.kill_at_step < -1:
+        p.error(f"--kill-at-step={args.kill_at_step} would inject no fault: use a step from 0 to --steps - 1 "
+                f"= {args.steps - 1}, or -1 for none")
+    if args.kill_at_step >= 0 and not 0 <= args.kill_rank < world:
+        p.error(f"--kill-rank={args.kill_rank} is not a rank of the dp x pp x tp = {world} ranks; use one "
+                f"from 0 to {world - 1}")
     return args
 
 
@@ -93,7 +104,13 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer3D(mesh, cfg.gpt(), plan, cfg.batch_size, cfg.block_size, cfg.seed, cfg.lr)
         data = dataset(cfg)
         root = Path(args.dir)
+        root.mkdir(parents=True, exist_ok=True)
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
         found = checkpoint.latest(root)
+        if found is not None and args.kill_at_step >= 0 and _step_of(found) > args.kill_at_step:
+            raise SystemExit(f"--kill-at-step={args.kill_at_step}: the newest checkpoint in --dir={root} is "
+                             f"{found.name}, past the fault, so this run would inject nothing; use a fresh "
+                             "--dir (or delete this one)")
         resumed = checkpoint.load(trainer, mesh, found) if found is not None else 0
         log, losses = root / "losses.jsonl", []
         while trainer.step < args.steps:
@@ -104,26 +121,35 @@ def main(argv: list[str] | None = None) -> None:
             losses.append(loss)
             if dist.get_rank() == 0:
                 with log.open("a") as fh:
-                    fh.write(json.dumps({"attempt": attempt, "step": step, "loss": loss}) + "\n")
+                    row = {"run": run_id, "attempt": attempt, "step": step, "loss": loss}
+                    fh.write(json.dumps(row) + "\n")
             if args.every and trainer.step % args.every == 0 and trainer.step < args.steps:
                 checkpoint.save(trainer, mesh, checkpoint.step_dir(root, trainer.step))
         if args.report_dir is not None:
             out = Path(args.report_dir) / f"rank_{dist.get_rank()}.json"
             out.write_text(json.dumps({**placement(mesh), "losses": losses}))
         if dist.get_rank() == 0:
-            (root / "report.json").write_text(json.dumps({"attempt": attempt, "resumed_from": resumed}))
+            (root / "report.json").write_text(json.dumps({"run": run_id, "attempt": attempt,
+                                                          "resumed_from": resumed}))
+            print(describe(summarize(root), root), flush=True)
         trainer.close()
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
+def _step_of(path: Path) -> int:
+    return int(path.name.removeprefix("step_"))
+
+
 def summarize(directory: str | os.PathLike) -> dict:
-    """What a run under `directory` did: the final loss curve (the last attempt's value for each step),
-    the attempts, the step it resumed from, and the steps lost (done, then redone after the restart)."""
+    """What the last run under `directory` did (the lines of its torchrun run id): the final loss curve
+    (the last attempt's value for each step), the attempts, the step it resumed from, and the steps
+    lost (done, then redone after the restart)."""
     root = Path(directory)
-    rows = [json.loads(line) for line in (root / "losses.jsonl").read_text().splitlines()]
     report = json.loads((root / "report.json").read_text())
+    rows = [json.loads(line) for line in (root / "losses.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("run", "") == report.get("run", "")]
     curve: dict[int, float] = {}
     for r in rows:
         curve[r["step"]] = r["loss"]
@@ -132,6 +158,21 @@ def summarize(directory: str | os.PathLike) -> dict:
     return {"losses": [curve[s] for s in sorted(curve)], "attempts": report["attempt"] + 1,
             "resumed_from": report["resumed_from"], "steps_lost": lost,
             "killed_at": max(done_before) + 1 if done_before else None}
+
+
+def describe(run: dict, directory: str | os.PathLike) -> str:
+    """The run's summary in words (what `main` prints last): attempts, fault, resume, steps lost."""
+    steps = len(run["losses"])
+    lines = [f"distlab.parallel3d.restart: {steps} steps done in {run['attempts']} attempt(s); "
+             f"final loss {run['losses'][-1]:.4f}" if steps else "distlab.parallel3d.restart: no steps done"]
+    if run["killed_at"] is not None:
+        lines.append(f"  attempt 1 died before step {run['killed_at']} (the injected fault; torchrun's "
+                     "'exitcode: -9' above is that SIGKILL) and torchrun restarted the group")
+    if run["resumed_from"]:
+        lines.append(f"  the last attempt resumed from the checkpoint after step {run['resumed_from']}: "
+                     f"{run['steps_lost']} step(s) done twice")
+    lines.append(f"  losses and checkpoints are in {Path(directory)}/")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

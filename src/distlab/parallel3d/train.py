@@ -33,7 +33,7 @@ from distlab.memory import ZeRO
 from distlab.mesh import group_rank
 from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint import ShardedParam
-from distlab.parallel3d.checkpoint_zero import load_zero_state, zero_state
+from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
 from distlab.parallel3d.config import Plan3D, check_plan
 from distlab.parallel3d.cost_model import Traffic
 from distlab.parallel3d.model import build_stage, named_shards
@@ -141,7 +141,7 @@ class Trainer3D:
         return named_shards(self.model)
 
     def optimizer_state(self) -> dict[str, list[ShardedParam]]:
-        """Adam's state per parameter, gathered over dp from ZeRO's flat shards (`checkpoint_zero`)."""
+        """Adam's state per parameter, gathered over dp from ZeRO's flat shards (`checkpoint.zero_state`)."""
         return zero_state(self.zero, self.model, self.params())
 
     def load_optimizer_state(self, state: dict[str, dict[str, Tensor]], steps: int) -> None:

@@ -32,7 +32,7 @@ def _worker(schedule: str, m: int, v: int, sizes: list[int], batch: int, steps: 
 
     from distlab.models import regression_data
     from distlab.pipeline.cost_model import bubble_fraction, zero_bubble_fraction
-    from distlab.pipeline.parity import compare, merge
+    from distlab.pipeline.parity import merge, step_parity
     from distlab.pipeline.simulate import timeline_stats
     from distlab.pipeline.train import reference_step, steps_on_rank
 
@@ -44,10 +44,10 @@ def _worker(schedule: str, m: int, v: int, sizes: list[int], batch: int, steps: 
     dist.all_gather_object(gathered, (first, last.run.events, last.run.peak_stash, last.run.peak_stash_bytes))
     if rank != 0:
         return None
-    parity = compare(merge([g[0] for g in gathered]), reference_step(sizes, X, y, seed=seed))
+    parity = step_parity(merge([g[0] for g in gathered]), reference_step(sizes, X, y, seed=seed))
     stats = timeline_stats([e for g in gathered for e in g[1]], p)
     stash = ", ".join(f"r{r}: {g[2]} ({g[3] / 1024:.0f} KiB)" for r, g in enumerate(gathered))
-    return parity.ok, (f"{schedule} p={p} m={m} v={v}: {parity}\n"
+    return parity.passed, (f"{schedule} p={p} m={m} v={v}: {parity.verdict()}\n"
                        f"step {stats.makespan * 1e3:.1f} ms, measured bubble {stats.mean_bubble:.1%}, "
                        f"{_formula(schedule, p, m, v, bubble_fraction, zero_bubble_fraction)}\n"
                        f"{WHY_MEASURED_IS_LARGER[dist.get_backend()]}\npeak stash {stash}")

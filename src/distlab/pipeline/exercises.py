@@ -10,7 +10,7 @@ order, as ("F", i) / ("B", i) pairs (or `Action`s). `check_one_f_one_b(fn)` retu
    min(p - r - 1, m) forwards, and the peak stash at most p - r;
 2. simulated with t_b = 2 t_f, the bubble equals (p - 1) / (m + p - 1);
 3. on real ranks (one launch for p = 4 with several m), through the executor, the step equals
-   single-process training (`parity.compare`). This runs only when every paper case passed.
+   single-process training (`parity.step_parity`). This runs only when every paper case passed.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _real_cases(fn: Callable[[int, int], Any]) -> list[CaseResult]:
     """Run fn's order for p = RUN_P on real ranks, one launch, and compare with one process."""
     from distlab import launch
     from distlab.models import regression_data
-    from distlab.pipeline.parity import compare, merge
+    from distlab.pipeline.parity import merge, step_parity
     from distlab.pipeline.train import reference_step
 
     sizes = [8, 32, 32, 32, 4]
@@ -131,8 +131,9 @@ def _real_cases(fn: Callable[[int, int], Any]) -> list[CaseResult]:
     reference = reference_step(sizes, X, y)
     cases = []
     for k, m in enumerate(RUN_MS):
-        parity = compare(merge([r[k] for r in results]), reference)
-        cases.append(CaseResult(f"{RUN_P} real ranks, m={m}", parity.ok, [str(parity)]))
+        parity = step_parity(merge([r[k] for r in results]), reference)
+        lines = [parity.verdict()] + ([] if parity.passed else [str(parity)])
+        cases.append(CaseResult(f"{RUN_P} real ranks, m={m}", parity.passed, lines))
     return cases
 
 

@@ -17,13 +17,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distlab import reference
 from distlab.models import GPT, GPTConfig
 from distlab.pipeline.executor import pipeline_position, run_schedule
 from distlab.pipeline.p2p import PointToPoint
-from distlab.pipeline.parity import Outcome
 from distlab.pipeline.partition import balanced_boundaries, boundary_shapes, parameter_costs
 from distlab.pipeline.schedules import Schedule
-from distlab.pipeline.train import StepResult, split_microbatches
+from distlab.pipeline.train import Outcome, StepResult, split_microbatches
 
 
 class Embedding(nn.Module):
@@ -116,10 +116,6 @@ def gpt_reference_step(config: GPTConfig, idx: Tensor, targets: Tensor, seed: in
     """The same SGD step of the GPT in one process on the whole batch: loss, gradients, updated weights."""
     torch.manual_seed(seed)
     gpt = GPT(config)
-    loss = gpt(idx, targets)[1]
-    loss.backward()
-    grads = {n: q.grad.clone() for n, q in gpt.named_parameters()}
-    with torch.no_grad():
-        for q in gpt.parameters():
-            q -= lr * q.grad
-    return Outcome(loss.item(), grads, {n: q.detach().clone() for n, q in gpt.named_parameters()})
+    optimizer = reference.SGD(gpt.parameters(), lr)
+    run = reference.train_reference(gpt, [(idx, targets)], reference.lm_loss, optimizer)
+    return Outcome(run.losses[0], run.first_grads, run.params)

@@ -10,6 +10,7 @@ fewest layers (so free layers such as activations are spread out rather than pil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,10 @@ def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
     """Boundaries b_0 = 0 < b_1 < ... < b_S = L such that stage s holds layers [b_s, b_{s+1}), chosen so
     that the costliest stage is as cheap as possible (ties: the stage with most layers is smallest)."""
     L = len(costs)
+    for i, c in enumerate(costs):
+        if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+            raise ValueError(f"costs[{i}]={c!r} must be a finite number >= 0 (a layer's time or FLOPs); "
+                             "measure or estimate every layer's cost, 0 for a layer that costs nothing")
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ValueError(f"num_stages={num_stages!r} must be a positive integer, e.g. the number of ranks")
     if num_stages > L:

@@ -5,7 +5,8 @@
 each rank builds the same MLP from the same seed, keeps the stages the schedule gives its position in the
 group, runs the schedule on m microbatches, and takes one SGD step on its own parameters.
 `reference_step` does the same step in one process, on the whole batch: the pipeline's loss, gradients
-and updated parameters must equal its (`parity.compare`).
+and updated parameters must equal its (`parity.step_parity`). `reference_step` is the course's one
+single-process loop, `distlab.reference.train_reference`, for one step of plain SGD.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from torch import Tensor
 
 from distlab.models import MLP
 from distlab.pipeline.executor import RankRun, pipeline_position, run_schedule
-from distlab.pipeline.parity import Outcome
 from distlab.pipeline.partition import balanced_boundaries, boundary_shapes, check_boundaries, parameter_costs
 from distlab.pipeline.schedules import Schedule, make_schedule
+from distlab.reference import SGD, mse_loss, train_reference
 
 
 def split_microbatches(X: Tensor, y: Tensor, m: int) -> tuple[list[Tensor], list[Tensor]]:
@@ -41,6 +42,16 @@ def split_microbatches(X: Tensor, y: Tensor, m: int) -> tuple[list[Tensor], list
         raise ValueError(f"batch size {n} is not divisible by m={m} microbatches; choose m from "
                          f"{divisors} or a batch size that is a multiple of {m}")
     return list(X.chunk(m)), list(y.chunk(m))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One whole training step: the mean loss of the batch, and every parameter's gradient and updated
+    value, named as in the model's `named_parameters()`."""
+
+    loss: float
+    grads: dict[str, Tensor]
+    params: dict[str, Tensor]
 
 
 @dataclass
@@ -100,13 +111,8 @@ def reference_step(sizes: Sequence[int], X: Tensor, y: Tensor, seed: int = 0, lr
     """The same SGD step in one process on the whole batch: loss, gradients and updated parameters."""
     torch.manual_seed(seed)
     model = MLP(sizes)
-    loss = F.mse_loss(model(X), y)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= lr * p.grad
-    return Outcome(loss.item(), grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+    run = train_reference(model, [(X, y)], mse_loss, SGD(model.parameters(), lr))
+    return Outcome(run.losses[0], run.first_grads, run.params)
 
 
 def steps_on_rank(configs: Sequence[tuple[str, int, int]], sizes: Sequence[int], X: Tensor, y: Tensor,

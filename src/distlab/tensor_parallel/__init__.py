@@ -43,7 +43,7 @@ from distlab.tensor_parallel.model import (
     gather_state_dict,
     shard_state_dict,
 )
-from distlab.tensor_parallel.parity import ParityReport, compare_with_dense
+from distlab.tensor_parallel.parity import TPParityReport, compare_with_dense
 
 __all__ = [
     "ColumnParallelLinear",
@@ -53,7 +53,7 @@ __all__ = [
     "ParallelGPT",
     "ParallelMLP",
     "ParallelSelfAttention",
-    "ParityReport",
+    "TPParityReport",
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "all_gather_seq",

@@ -23,7 +23,7 @@ from distlab.cli_types import positive_int
 from distlab.models import GPTConfig
 from distlab.tensor_parallel import cost_model
 from distlab.tensor_parallel.model import check_config
-from distlab.tensor_parallel.parity import ParityReport, compare_with_dense
+from distlab.tensor_parallel.parity import TPParityReport, compare_with_dense
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -33,19 +33,20 @@ def _config(args: argparse.Namespace) -> GPTConfig:
                      n_embd=args.hidden)
 
 
-def _step(args: argparse.Namespace) -> ParityReport:
+def _step(args: argparse.Namespace) -> TPParityReport:
     return compare_with_dense(_config(args), args.batch, args.seq, seed=args.seed, dtype=DTYPES[args.dtype],
                               sequence_parallel=args.sequence_parallel, device=launch.device())
 
 
-def summarize(rep: ParityReport, args: argparse.Namespace) -> dict:
+def summarize(rep: TPParityReport, args: argparse.Namespace) -> dict:
     """The report as data: verdict, recorded against expected collectives, bytes sent per rank."""
     expected = cost_model.expected_records(_config(args), args.batch, args.seq, rep.tp_size,
                                            args.sequence_parallel, torch.finfo(DTYPES[args.dtype]).bits // 8)
     sent = {phase: sum(cost_model.wire_bytes(r.op, r.nbytes, rep.tp_size) for r in rep.records
                        if r.phase == phase) for phase in cost_model.PHASES}
-    return {"tp_size": rep.tp_size, "sequence_parallel": rep.sequence_parallel, "dtype": rep.dtype,
-            "passed": rep.passed(), "verdict": rep.verdict(), "max_abs_diff": rep.worst(),
+    return {"tp_size": rep.tp_size, "sequence_parallel": rep.sequence_parallel,
+            "dtype": str(rep.dtype).removeprefix("torch."),
+            "passed": rep.passed, "verdict": rep.verdict(), "max_abs_diff": rep.worst(),
             "collectives_recorded": len(rep.records), "collectives_expected": len(expected),
             "same_as_expected": cost_model.summary(rep.records) == cost_model.summary(expected),
             "bytes_sent_per_rank": sent}

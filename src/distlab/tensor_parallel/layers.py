@@ -47,11 +47,19 @@ IGNORE_INDEX = -100  # F.cross_entropy's default
 
 def check_divisible(name: str, value: int, tp_size: int) -> int:
     """`value // tp_size`, or a ValueError naming the value, the divisor and the fix."""
+    check_features(name, value)
     if value % tp_size:
         divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 8]
         raise ValueError(f"{name}={value} is not divisible by tensor-parallel size {tp_size}; choose a size "
                          f"that divides {value} (e.g. {', '.join(map(str, divisors))})")
     return value // tp_size
+
+
+def check_features(name: str, value: int) -> int:
+    """`value`, or a ValueError unless it is a positive integer (a width of a layer)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer (a layer's width); e.g. {name}=64")
+    return value
 
 
 def check_token_ids(ids: Tensor, vocab_size: int, name: str = "idx", ignore_index: int | None = None) -> None:
@@ -103,7 +111,7 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.recorder = group, recorder
         self.name, self.sequence_parallel = name, sequence_parallel
         local = check_divisible(f"{name}.out_features", out_features, group_size(group))
-        self.weight = nn.Parameter(torch.empty(local, in_features))
+        self.weight = nn.Parameter(torch.empty(local, check_features(f"{name}.in_features", in_features)))
         self.bias = nn.Parameter(torch.zeros(local)) if bias else None
         nn.init.normal_(self.weight, 0.0, 0.02)
 
@@ -129,7 +137,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.recorder = group, recorder
         self.name, self.sequence_parallel = name, sequence_parallel
         local = check_divisible(f"{name}.in_features", in_features, group_size(group))
-        self.weight = nn.Parameter(torch.empty(out_features, local))
+        self.weight = nn.Parameter(torch.empty(check_features(f"{name}.out_features", out_features), local))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         nn.init.normal_(self.weight, 0.0, 0.02)
 

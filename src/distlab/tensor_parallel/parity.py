@@ -8,85 +8,41 @@ weight shard and the communication the parallel step recorded, so that the calle
 weights (`gather_state_dict`) and count the bytes (`cost_model`).
 
 The differences themselves depend on the machine (the BLAS kernels, the number of threads): a lab prints
-`ParityReport.verdict()`, the claim against the stated tolerance, which does not.
+`verdict()`, the claim against the stated tolerance (`distlab.parity`), which does not.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from distlab.models import GPT, GPTConfig
+from distlab.parity import ParityReport, compare
 from distlab.tensor_parallel.comm import CommRecord, CommRecorder, Group, gather_last_dim
 from distlab.tensor_parallel.model import ParallelGPT, grads_of, shard_state_dict
 
-# float64 keeps ~16 digits and the two models add the same terms in another order: differences are a
-# few 1e-16, so 1e-10 is far above rounding and far below a real mistake (O(1e-2) here); float32 keeps
-# ~7 digits, hence 1e-5.
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-
 
 @dataclass
-class ParityReport:
-    """The largest absolute differences between the parallel and the dense model on one rank.
+class TPParityReport(ParityReport):
+    """`distlab.parity`'s report of one rank's step (logits, loss and every gradient, against the dense
+    model, within the dtype's `TOLERANCE`), with what the parallel model computed on this rank.
 
-    `outputs` holds what the parallel model computed on this rank (the logits gathered over the
-    vocabulary, the loss, and this rank's gradient shards), for comparing two parallel runs.
+    `outputs` holds the logits gathered over the vocabulary, the loss, and this rank's gradient shards,
+    for comparing two parallel runs; `shard` its weight shard.
     """
 
-    tp_size: int
-    sequence_parallel: bool
-    dtype: str
-    logits: float
-    loss: float
-    grads: dict[str, float]
+    tp_size: int = 1
+    sequence_parallel: bool = False
     records: list[CommRecord] = field(default_factory=list)
     shard: dict[str, Tensor] = field(default_factory=dict)
     outputs: dict[str, Tensor] = field(default_factory=dict)
 
     @property
-    def worst_grad(self) -> float:
-        return max(self.grads.values())
-
-    def worst(self) -> float:
-        """The largest difference of all: logits, loss and every gradient (nan if any is nan)."""
-        diffs = [self.logits, self.loss, *self.grads.values()]
-        return math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
-
-    @property
-    def label(self) -> str:
-        return f"tp={self.tp_size} {'SP ' if self.sequence_parallel else ''}{self.dtype}"
-
-    def passed(self, tol: float | None = None) -> bool:
-        """Every difference within `tol` (default: the dtype's, `TOLERANCE`)."""
-        return self.worst() < (TOLERANCE[self.dtype] if tol is None else tol)  # False for nan
-
-    def verdict(self, tol: float | None = None) -> str:
-        """One line that is the same on every machine: the claim checked and ok, or what failed."""
-        tol = TOLERANCE[self.dtype] if tol is None else tol
-        head = f"{self.label}: logits, loss and all {len(self.grads)} gradients agree within {tol:g}"
-        if self.passed(tol):
-            return head + ": ok"
-        bad = sorted(n for n, d in self.grads.items() if not d < tol)
-        parts = [n for n, d in (("logits", self.logits), ("loss", self.loss)) if not d < tol] + bad
-        return f"{head}: FAILED for {', '.join(parts[:4])}{' ...' if len(parts) > 4 else ''}"
-
-    def __str__(self) -> str:
-        """The magnitudes (they differ from machine to machine: print `verdict()` in a lab)."""
-        name = max(self.grads, key=self.grads.get)
-        return (f"{self.label}: max |diff| logits {self.logits:.1e}, loss {self.loss:.1e}, gradients "
-                f"{self.worst_grad:.1e} ({name})")
-
-
-def max_abs_diff(a: Tensor, b: Tensor) -> float:
-    """max |a - b|, where a nan in both at the same place counts as agreement (F.cross_entropy's loss is
-    nan when every target is ignored, and so is the parallel one's); a nan in one only gives nan."""
-    a, b = a.detach(), b.detach()
-    both = a.isnan() & b.isnan()
-    return float((a - b).masked_fill(both, 0.0).abs().max()) if a.numel() else 0.0
+    def grads(self) -> dict[str, float]:
+        """The largest difference of each gradient, by parameter name."""
+        return self.differences["gradients"]
 
 
 def make_batch(config: GPTConfig, batch: int, seq: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -99,7 +55,7 @@ def make_batch(config: GPTConfig, batch: int, seq: int, seed: int) -> tuple[Tens
 def compare_with_dense(config: GPTConfig, batch: int = 2, seq: int = 8, seed: int = 0,
                        dtype: torch.dtype = torch.float64, sequence_parallel: bool = False,
                        device: torch.device | str = "cpu", *, group: Group = None,
-                       targets: Tensor | None = None) -> ParityReport:
+                       targets: Tensor | None = None) -> TPParityReport:
     """One forward and backward step of GPT and of ParallelGPT (tensor-parallel over `group`, None = the
     world or one process) on the same weights and batch; the differences on this rank. Call it on every
     rank of `group` (it runs collectives). `targets` replaces the batch's next tokens (e.g. with some
@@ -125,9 +81,13 @@ def compare_with_dense(config: GPTConfig, batch: int = 2, seq: int = 8, seed: in
     if set(want) != set(got):
         raise RuntimeError(f"gradients differ in names: dense-only {sorted(set(want) - set(got))}, "
                            f"parallel-only {sorted(set(got) - set(want))}")
-    return ParityReport(
-        tp_size=model.tp_size, sequence_parallel=sequence_parallel, dtype=str(dtype).removeprefix("torch."),
-        logits=max_abs_diff(full, logits_ref), loss=max_abs_diff(loss.detach(), loss_ref.detach()),
-        grads={n: max_abs_diff(got[n], want[n]) for n in want}, records=records,
+    # a loss over targets that are all ignored is nan in both models: that agrees (equal_nan)
+    report = compare({"logits": full, "loss": loss.detach(), "gradients": got},
+                     {"logits": logits_ref, "loss": loss_ref.detach(), "gradients": want}, dtype=dtype,
+                     label=f"tp={model.tp_size} {'SP ' if sequence_parallel else ''}"
+                           f"{str(dtype).removeprefix('torch.')}", equal_nan=True)
+    return TPParityReport(
+        report.differences, report.tolerance, report.dtype, report.label,
+        tp_size=model.tp_size, sequence_parallel=sequence_parallel, records=records,
         shard={n: t.detach().cpu().clone() for n, t in model.state_dict().items()},
         outputs={"logits": full.cpu(), "loss": loss.detach().cpu()} | {n: t.cpu() for n, t in got.items()})

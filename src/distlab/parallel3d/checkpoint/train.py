@@ -3,7 +3,7 @@
 It is the lab's small example of a checkpointable trainer, against the same contract as the 3D step
 (`train.Trainer3D`): `checkpoint.ShardedParam`, for every local parameter its dense GPT name, its local
 tensor and how it is split over tp (`model.tp_split`), and Adam's state per parameter
-(`checkpoint_zero`). The data are random tokens cut by `distlab.sharding` (the global batch of step t is
+(`checkpoint.zero_state`). The data are random tokens cut by `distlab.sharding` (the global batch of step t is
 a function of the seed and t alone), so "where in the data are we" is the step number and nothing else
 has to be saved for it.
 
@@ -23,8 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.memory.zero import ZeRO
 from distlab.models import GPT, GPTConfig
-from distlab.parallel3d.checkpoint import ShardedParam
-from distlab.parallel3d.checkpoint_zero import load_zero_state, zero_state
+from distlab.parallel3d.checkpoint.contract import ShardedParam
+from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
 from distlab.parallel3d.model import tp_split
 from distlab.sharding import batch_indices, shard
 from distlab.tensor_parallel.model import ParallelGPT

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from distlab.checks import CaseResult, CheckResult, not_written
-from distlab.parallel3d.checkpoint_cost import steps_lost
+from distlab.parallel3d.checkpoint.cost_model import steps_lost
 
 
 def check_steps_lost(fn: Callable[[int, int], int]) -> CheckResult:
     """`fn(kill_at, every)` must return the steps redone after a failure just before step `kill_at`
-    (0-based) with a checkpoint after every `every` steps (the same as `checkpoint_cost.steps_lost`)."""
+    (0-based) with a checkpoint after every `every` steps (the same as `cost_model.steps_lost`)."""
     cases = []
     for kill_at, every in ((5, 3), (6, 3), (0, 4), (9, 1), (7, 10), (100, 7)):
         want = steps_lost(kill_at, every)

@@ -1,7 +1,7 @@
 """Sharded checkpoints with `torch.distributed.checkpoint` (DCP), reshardable to another mesh.
 
 The contract a trainer offers (`ShardedParam`, the one contract of chapter 9: `model.named_shards` and
-`checkpoint_train.Trainer.params` both return it): for each local parameter, its name in the dense GPT,
+`checkpoint.train.Trainer.params` both return it): for each local parameter, its name in the dense GPT,
 its local tensor, the dim it is split along over tp (None: replicated), into how many equal chunks that
 dim is cut before the split (3 for c_attn's packed [q | k | v], whose tp slice is [q_r | k_r | v_r]: it
 is stored as `Shard(1)` of a (3, n_embd, ...) view), and whether it is the last pipeline stage's copy of
@@ -20,67 +20,35 @@ checks that the chunks of every key cover it exactly once).
 ZeRO's optimizer state is the awkward part. Chapter 7 lays each unit's parameters end to end in one flat
 buffer and gives dp-rank i the i-th equal slice; that slice cuts across parameters, and on another mesh
 the flat buffer itself is different (it holds other tp slices, other stages' layers). So the state is
-saved per parameter, like the parameters themselves (`checkpoint_zero`: gathered over dp at save time,
+saved per parameter, like the parameters themselves (`zero_state`: gathered over dp at save time,
 re-flattened into the new layout on load). FSDP2 (torch's per-parameter sharding) avoids the
 regrouping by sharding each parameter `Shard(0)` over dp.
 
 `save` writes `<dir>.tmp` and renames it to `<dir>` once DCP has written `.metadata` (its last file), so a
-directory without `.tmp` is a complete checkpoint; `load` checks it first (`checkpoint_verify`).
+directory without `.tmp` is a complete checkpoint. Before the rename, each rank checksums its share of
+the data files (`checksums`); `load` checks everything first (`verify`) and loads nothing from a
+checkpoint that fails.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from distlab.parallel3d.checkpoint_verify import CheckpointError, verify
-
-
-@dataclass(frozen=True)
-class ShardedParam:
-    """One local parameter (or a piece of optimizer state shaped like it): its dense `name`, this rank's
-    `local` tensor, the dim `dim` of the dense tensor it is split along over tp (None: replicated),
-    `chunks`: that dim is first cut into this many equal parts, each split over tp (3 for c_attn's packed
-    [q | k | v], Shoeybi et al. 2019 sec. 3; 1 otherwise), and `tied_copy`: the last pipeline stage's
-    copy of the tied embedding (the same values as stage 0's `wte.weight`: saved once, loaded twice)."""
-
-    name: str
-    local: Tensor
-    dim: int | None
-    chunks: int = 1
-    tied_copy: bool = False
-
-    def stored(self) -> tuple[Tensor, int | None]:
-        """The local tensor as it is stored, and its split dim: a chunked dim d of size c*n becomes the
-        two dims (c, n) and the split moves to d + 1 (a view: writing into it writes the parameter)."""
-        if self.chunks == 1 or self.dim is None:
-            return self.local, self.dim
-        shape = self.local.shape
-        d = self.dim
-        return self.local.view(*shape[:d], self.chunks, shape[d] // self.chunks, *shape[d + 1:]), d + 1
-
-
-class Checkpointable(Protocol):
-    """What `save` and `load` need from a trainer (`train.Trainer3D`, or the dp x tp
-    `checkpoint_train.Trainer`)."""
-
-    step: int
-
-    def params(self) -> list[ShardedParam]: ...
-
-    def optimizer_state(self) -> dict[str, list[ShardedParam]]: ...
-
-    def load_optimizer_state(self, state: dict[str, dict[str, Tensor]], steps: int) -> None: ...
+from distlab.parallel3d.checkpoint import checksums
+from distlab.parallel3d.checkpoint.contract import Checkpointable, ShardedParam
+from distlab.parallel3d.checkpoint.errors import CheckpointError, from_dcp
+from distlab.parallel3d.checkpoint.verify import read_metadata, verify
 
 
 def to_dtensor(p: ShardedParam, mesh: DeviceMesh, tp_dim: str = "tp") -> DTensor:
@@ -110,11 +78,15 @@ def stage_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 def state_dict(trainer: Checkpointable, mesh: DeviceMesh, saving: bool = True) -> dict:
     """The whole training state as DCP sees it: parameters, Adam's state, the step and the RNG. When
-    `saving`, tied copies are left out (stage 0 writes the tied embedding); to load, they are in."""
+    `saving`, tied copies are left out (stage 0 writes the tied embedding) and the DTensors are views
+    of the trainer's tensors; to load, tied copies are in, and every tensor is a fresh copy that DCP
+    fills (a load that fails halfway leaves the trainer as it was, at the price of a transient second
+    copy of the state)."""
     sub = stage_mesh(mesh)
 
     def keep(ps: list[ShardedParam]) -> dict[str, DTensor]:
-        return {p.name: to_dtensor(p, sub) for p in ps if not (saving and p.tied_copy)}
+        return {p.name: to_dtensor(p if saving else replace(p, local=p.local.clone()), sub)
+                for p in ps if not (saving and p.tied_copy)}
 
     optim = {key: keep(ps) for key, ps in trainer.optimizer_state().items()}
     return {"model": keep(trainer.params()), "optim": optim,
@@ -122,15 +94,23 @@ def state_dict(trainer: Checkpointable, mesh: DeviceMesh, saving: bool = True) -
 
 
 def save(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> Path:
-    """Write the trainer's sharded state to the directory `path` (a collective: every rank calls it)."""
+    """Write the trainer's sharded state to the directory `path` (a collective: every rank calls it),
+    with a CRC-32 of every chunk (`checksums.json`: each rank reads back its share of the data files)."""
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
-    if dist.get_rank() == 0 and tmp.exists():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0 and tmp.exists():
         shutil.rmtree(tmp)  # a save that was cut off before
     dist.barrier()
     dcp.save(state_dict(trainer, mesh), checkpoint_id=str(tmp))
     dist.barrier()
-    if dist.get_rank() == 0:
+    metadata = read_metadata(tmp)
+    names = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
+    part = checksums.compute(tmp, metadata, checksums.share(names, rank, world))
+    parts: list[dict] | None = [{} for _ in range(world)] if rank == 0 else None
+    dist.gather_object(part, parts, dst=0)
+    if rank == 0:
+        checksums.write(tmp, parts or [])
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -140,16 +120,28 @@ def save(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> 
 
 def load(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> int:
     """Read the checkpoint at `path` into the trainer, resharding to `mesh`; return the step it was taken
-    at. A missing or truncated file, or another model's checkpoint, raises `CheckpointError` before
-    anything is read into the model."""
+    at. A missing, truncated or damaged file, or another model's checkpoint (a key missing or extra,
+    another shape or dtype), raises the same `CheckpointError` on every rank before anything is read
+    into the model (`verify.verify`; each rank checksums its share of the files)."""
     sd = state_dict(trainer, mesh, saving=False)
-    expected = {f"{group}.{name}": tuple(t.shape) for group in ("model", "optim")
-                for name, t in _flat(sd[group]).items()}
-    verify(path, expected)
+    mine = {f"{group}.{name}": (tuple(t.shape), t.dtype)
+            for group in sd for name, t in _flat(sd[group]).items()}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expected: dict = {}
+    for keys in _everyone(mine, world):  # every stage's keys: the checkpoint must hold these and no more
+        expected.update(keys)
+    try:
+        verify(path, expected, part=(rank, world))
+        found = None
+    except CheckpointError as e:
+        found = str(e)
+    problems = [p for p in _everyone(found, world) if p is not None]
+    if problems:  # every rank raises the first rank's error: none goes on into dcp.load to wait there
+        raise CheckpointError(problems[0])
     try:
         dcp.load(sd, checkpoint_id=str(path))
-    except Exception as e:  # DCP's CheckpointException wraps every rank's error; say which checkpoint
-        raise CheckpointError(f"loading the checkpoint {path} failed: {e}") from e
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        raise from_dcp(path, e) from e
     with torch.no_grad():
         for p in trainer.params():
             p.stored()[0].copy_(sd["model"][p.name].to_local())
@@ -161,12 +153,21 @@ def load(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> 
     return steps
 
 
+def _everyone(obj: object, world: int) -> list:
+    """`obj` from every rank (all_gather_object over the world, the group DCP itself uses)."""
+    if world == 1:
+        return [obj]
+    out: list = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _flat(d: dict) -> dict[str, Tensor]:
-    """{'exp_avg.h.0.ln_1.weight': t, ...} from one level of nesting (DCP's own flattening of keys)."""
+    """{'exp_avg.h.0.ln_1.weight': t, ...} from nested dicts (DCP's own flattening of keys)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update({f"{k}.{k2}": v2 for k2, v2 in v.items()})
+            out.update({f"{k}.{k2}": v2 for k2, v2 in _flat(v).items()})
         else:
             out[k] = v
     return out

@@ -2,9 +2,10 @@
 
 `resume_on_meshes` (run on 4 ranks by `distlab.launch.run`) trains without a break at grid(dp=2, tp=2),
 saving after `save_at` steps, then loads that checkpoint at each target mesh and trains on. `verdict`
-compares every curve with the single-process reference (`checkpoint_train.reference_losses`) within
-TOLERANCE: float64 sums in another order differ by a few 2**-53 per step; a lost optimizer state or a
-misplaced shard moves the loss by ~1e-3.
+compares every curve with the single-process reference (`checkpoint.train.reference_losses`) with
+`distlab.parity.compare`, within float64's `distlab.parity.TOLERANCE` (1e-10): float64 sums in another
+order differ by a few 2**-53 per step; a lost optimizer state or a misplaced shard moves the loss by
+~1e-3.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import torch
 
 from distlab import mesh as meshes
 from distlab.parallel3d import checkpoint
-from distlab.parallel3d.checkpoint_train import TrainConfig, Trainer, reference_losses
-
-TOLERANCE = 1e-10
+from distlab.parallel3d.checkpoint.train import TrainConfig, Trainer, reference_losses
+from distlab.parity import compare
 
 
 def train_to(trainer: Trainer, steps: int, save_at: int | None = None, path: Path | None = None,
@@ -50,16 +50,14 @@ def resume_on_meshes(root: str, steps: int = 8, save_at: int = 3,
 
 
 def verdict(curves: dict[str, dict[int, float]]) -> list[str]:
-    """One line per curve: does it equal the single-process reference within TOLERANCE?"""
+    """One line per curve ({label: {step: loss}}): does it equal the single-process reference within
+    float64's tolerance? A failing line names the steps whose loss differs."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         ref = reference_losses(TrainConfig(), 1 + max(max(c) for c in curves.values()))
     finally:
         torch.set_default_dtype(old)
-    lines = []
-    for label, curve in curves.items():
-        ok = all(abs(loss - ref[s]) < TOLERANCE for s, loss in curve.items())
-        lines.append(f"{label}: steps {min(curve)}-{max(curve)} equal one process within {TOLERANCE:g}: "
-                     + ("ok" if ok else "DIFFERENT"))
-    return lines
+    return [compare(curve, {s: ref[s] for s in curve}, dtype=torch.float64, name="losses",
+                    label=f"{label}, steps {min(curve)}-{max(curve)}", against="one process").verdict()
+            for label, curve in curves.items()]

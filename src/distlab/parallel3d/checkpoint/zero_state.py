@@ -7,7 +7,7 @@ checkpoint keeps Adam's exp_avg and exp_avg_sq per parameter, shaped and split l
 `zero_state` all-gathers each unit's state over dp (a transient copy, at save time only) and views it
 parameter by parameter; `load_zero_state` lays the per-parameter state out again in this rank's layout
 and keeps its own dp slice. Stage 0 keeps the whole state on every rank: nothing to gather or cut.
-Both trainers of chapter 9 (`checkpoint_train.Trainer`, `train.Trainer3D`) use these two functions.
+Both trainers of chapter 9 (`checkpoint.train.Trainer`, `train.Trainer3D`) use these two functions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from distlab.memory.zero import ZeRO
-from distlab.parallel3d.checkpoint import ShardedParam
+from distlab.parallel3d.checkpoint.contract import ShardedParam
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
