@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from distlab.hardware.topology import Latencies
+from distlab.memory import shape
 from distlab.memory.estimator import estimate
 from distlab.pipeline.cost_model import bubble_fraction
 from distlab.plan import (
@@ -45,7 +46,7 @@ SMALL = ModelSpec(6, 96, 6, 500, 30, name="small")  # heads, layers and seq divi
 
 def _check_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate) -> None:
     check_fits_grid(model, cluster, workload, c)  # raises on any broken rule
-    assert not (c.zero > 0 and c.dp == 1) and not (c.zero > 1 and c.pp > 1)
+    assert not (c.zero > 0 and c.dp * c.cp == 1) and not (c.zero > 1 and c.pp > 1)  # ZeRO shards over d c
     assert c.interleave == 1 or (c.pp > 1 and c.microbatches(workload.batch) % c.pp == 0)
 
 
@@ -57,8 +58,9 @@ def test_enumeration_obeys_the_rules_on_1_to_4_gpus(gpus: int) -> None:
     for c in cands:
         _check_rules(SMALL, cluster, workload, c)
     sizes = {(c.dp, c.tp, c.pp, c.cp) for c in cands}
-    if gpus == 4:  # 4 divides neither the heads nor the layers nor the sequence, so no dim is 4 but dp
-        assert all(4 not in (tp, pp, cp) for _, tp, pp, cp in sizes)
+    if gpus == 4:  # 4 divides neither the heads nor the sequence; the 6 layers split unevenly over 4 stages
+        assert all(4 not in (tp, cp) for _, tp, _, cp in sizes) and (1, 1, 4, 1) in sizes
+        assert shape.stage_layers(6, 4) == (1, 2, 2, 1)
         assert (4, 1, 1, 1) in sizes and (1, 2, 2, 1) in sizes and (2, 1, 1, 2) in sizes
     if gpus == 3:
         assert {(1, 3, 1, 1), (1, 1, 3, 1), (1, 1, 1, 3), (3, 1, 1, 1)} <= sizes
@@ -67,7 +69,12 @@ def test_enumeration_obeys_the_rules_on_1_to_4_gpus(gpus: int) -> None:
 def test_enumeration_across_servers_keeps_tp_inside_one() -> None:
     cluster, workload = ClusterSpec("H100", 3, 4), Workload(24)  # 12 GPUs, servers of 4
     cands = list(enumerate_candidates(SMALL, cluster, workload))
-    assert {c.tp for c in cands} == {1, 2, 3}  # 6 divides 6 but exceeds a server; 4 does not divide 6
+    assert {c.tp for c in cands} == {1, 2, 3, 6}  # 6 spans two servers (priced there); 4 does not divide 6
+    across = step_time(SMALL, cluster, workload, Candidate(2, 6, 1, 1, 0, "none", 1))
+    inside = step_time(SMALL, ClusterSpec("H100", 3, 4, inter_GBps=450.0,
+                                          latencies=Latencies(network=1e-6)), workload,
+                       Candidate(2, 6, 1, 1, 0, "none", 1))
+    assert across.tp > 5 * inside.tp  # the tp=6 ring crosses the network, at a ninth of NVLink's rate
     assert any(c.interleave == 2 for c in cands) and any(c.zero == 3 for c in cands)
     assert {c.cp for c in enumerate_candidates(SMALL, cluster, workload, max_cp=2)} == {1, 2}
     for c in cands:
@@ -107,12 +114,15 @@ def test_published_runs_are_feasible_and_plausible(run) -> None:
     assert 0.3 < j["implied_efficiency"] < 1.0  # the reported speed needs a plausible kernel efficiency
 
 
-def test_llama_needs_full_recomputation_under_the_estimator() -> None:
-    """The book's reason for assuming full recomputation for Llama 3: with less, the stash does not fit."""
+def test_llama_fits_without_recomputation_only_with_its_shorter_rounds() -> None:
+    """Llama 3 trains its 8K stage without activation checkpointing (Dubey et al. 2024, sec. 3.3.2): under
+    the estimator that fits with its interleaved schedule's rounds of N = 5 micro-batches, not with
+    Megatron-LM's N = p."""
     for run in RUNS:
         if run.name.startswith("llama3"):
-            for rc in ("none", "selective"):
-                assert not judge(dataclasses.replace(run, recompute=rc))["fits"]
+            assert run.recompute == "none" and judge(run)["fits"]
+            rounds_p = dataclasses.replace(run, settings=dataclasses.replace(run.settings, rounds=None))
+            assert not judge(rounds_p)["fits"]
 
 
 def test_published_table_matches_the_papers() -> None:
@@ -145,8 +155,8 @@ def test_flops_follow_narayanan_eq_3() -> None:
     assert 0 < recompute_flops(m, batch, "selective") < recompute_flops(m, batch, "full")
 
 
-def _terms(cluster: ClusterSpec, c: Candidate, efficiency: float = 0.5):
-    return step_time(preset("gpt3-175b"), cluster, Workload(64, efficiency), c)
+def _terms(cluster: ClusterSpec, c: Candidate, efficiency: float = 0.5, overlap: bool = False):
+    return step_time(preset("gpt3-175b"), cluster, Workload(64, efficiency), c, Settings(overlap_dp=overlap))
 
 
 def test_step_terms_scale_with_their_resource() -> None:
@@ -163,8 +173,9 @@ def test_step_terms_scale_with_their_resource() -> None:
     assert t4.compute == pytest.approx(t1.compute / 2) and t4.recompute == pytest.approx(t1.recompute / 2)
     p = Candidate(dp=2, tp=4, pp=4, cp=1, zero=0, recompute="none", micro_batch=2, interleave=2)
     tp_ = _terms(base, p)
-    f = bubble_fraction(4, 16, 2)
-    assert tp_.bubble / (tp_.bubble + tp_.compute) == pytest.approx(f, rel=1e-12)
+    f = bubble_fraction(4, 16, 2)  # at least chapter 4's bubble; more for the output layer's last stage
+    busy = tp_.compute + tp_.tp
+    assert f <= tp_.bubble / (tp_.bubble + busy) < f + 0.05
     assert tp_.pp > 0 and tp_.cp == 0 and tp_.total == pytest.approx(sum(tp_.to_dict()[k] for k in (
         "compute", "recompute", "bubble", "tp", "pp", "cp", "dp")))
 
@@ -198,7 +209,7 @@ def test_explain_names_the_differences() -> None:
     (lambda: ClusterSpec("A100", 0), "cluster nodes=0 must be a positive integer, e.g. --nodes 8"),
     (lambda: ClusterSpec("A100", inter_GBps=-1.0), "inter_GBps=-1.0 must be a positive number"),
     (lambda: Workload(0), "batch=0 must be a positive integer number of sequences"),
-    (lambda: Workload(8, 1.5), r"efficiency=1.5 must be in \(0, 1\]"),
+    (lambda: Workload(8, 1.5), r"efficiency=1.5 must be in \[0.01, 1\]"),
     (lambda: Settings(usable_memory=0), r"usable_memory=0 must be in \(0, 1\]"),
     (lambda: preset("gpt9"), "preset='gpt9' is unknown; choose one of tiny"),
     (lambda: check_fits_grid(SMALL, ClusterSpec("A100", 1, 4), Workload(8), Candidate(1, 4, 1, 1, 0,
@@ -207,9 +218,9 @@ def test_explain_names_the_differences() -> None:
     (lambda: check_fits_grid(SMALL, ClusterSpec("A100", 1, 4), Workload(8), Candidate(2, 1, 1, 1, 0,
                                                                                     "none", 1)),
      r"dp\*tp\*pp\*cp = 2 but the cluster has 4 GPUs"),
-    (lambda: check_fits_grid(SMALL, ClusterSpec("A100", 1, 3), Workload(8), Candidate(3, 1, 1, 1, 0,
+    (lambda: check_fits_grid(SMALL, ClusterSpec("A100", 1, 3), Workload(2), Candidate(3, 1, 1, 1, 0,
                                                                                     "none", 1)),
-     r"dp\*micro_batch = 3 does not divide batch=8"),
+     r"dp\*micro_batch = 3 exceeds batch=2"),
 ])
 def test_bad_input_names_the_parameter_and_the_fix(make, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -229,8 +240,8 @@ def test_presets_and_their_sizes() -> None:
     (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "8", "--seq", "8"],
      "hidden=100 is not divisible by heads=3"),
     (["--preset", "tiny", "--zero", "5"], "--zero 5 is not a ZeRO stage"),
-    (["--preset", "tiny", "--batch", "0"], "batch=0 must be a positive integer"),
-    (["--preset", "tiny", "--max-cp", "0"], "--max-cp=0 must be at least 1"),
+    (["--preset", "tiny", "--batch", "0"], "argument --batch: 0 must be at least 1"),
+    (["--preset", "tiny", "--max-cp", "0"], "argument --max-cp: 0 must be at least 1"),
     (["--preset", "tiny", "--published", "megatron-1t"], "brings its own model; drop --preset"),
 ])
 def test_cli_errors_are_usage_errors(argv, message, capsys) -> None:
@@ -242,7 +253,8 @@ def test_cli_errors_are_usage_errors(argv, message, capsys) -> None:
 def test_cli_table_and_explain(capsys) -> None:
     assert main(["--preset", "tiny", "--nodes", "1", "--batch", "16", "--top", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("tiny (0.00355B parameters) on 8 A100 (1 x 8), batch 16") and len(out) == 5
+    assert out[0].startswith("tiny on 8 A100 (1 servers x 8), batch 16 sequences") and len(out) == 7
+    assert out[1].startswith("  model: 0.003553B parameters: 4 blocks of h=256") and "seconds" in out[2]
 
 
 def test_cli_json_schema_in_a_subprocess() -> None:
@@ -252,7 +264,7 @@ def test_cli_json_schema_in_a_subprocess() -> None:
     top = {"model", "cluster", "batch", "assumptions", "kept", "candidates", "published", "explain"}
     assert top <= set(out)
     assert out["cluster"]["gpus"] == 16384 and out["kept"] == len(out["candidates"]) > 0
-    assert out["assumptions"]["overlap"].startswith("none")
+    assert out["assumptions"]["overlap"].startswith("dp overlaps")
     for c in out["candidates"]:
         dims = {"dp", "tp", "pp", "cp", "zero", "recompute", "micro_batch", "interleave", "total_bytes"}
         assert dims <= set(c)
@@ -297,6 +309,6 @@ def test_figures_draw_from_the_planner() -> None:
     fig = candidates_figure("llama3-405b-8k", rows=rows)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert {"fits", "does not fit", "published (Table 4)"} <= set(labels)
-    assert "planner: dp64 tp8 pp16 cp1 z1 full b1 v4" in labels  # the published configuration wins here
+    assert "planner: dp64 tp8 pp16 cp1 z1 none b1 v4" in labels  # the published configuration wins here
     fig = published_terms_figure("megatron-1t")
     assert len(fig.axes[0].patches) == 3 * 7  # three bars of seven terms

@@ -12,14 +12,20 @@
   stage holds at its worst moment: all m for GPipe, p for 1F1B, p + (p - 1)/v stages' worth for the
   interleaved schedule (Narayanan et al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3).
 
+The block's shape may be a modern one (`distlab.memory.shape`): grouped-query attention (`kv_heads`), an
+explicit FFN size (`ffn`), a gated (SwiGLU) MLP (`gated`), untied input and output embeddings (`tied=False`)
+and no learned position embedding (`positions=False`); and the pipeline may split the layers unevenly
+(`layer_split`, the embedding on the first stage and the output layer on the last). Without these options
+every result is chapter 7's GPT-3 block, unchanged.
+
 The total leaves out temporary buffers and allocator fragmentation, which section 1 measures.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from distlab.memory import cost_model
+from distlab.memory import cost_model, shape
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -52,6 +58,20 @@ class MemoryConfig:
     dropout: bool = True
     gpus_per_node: int = 8
     host_memory_gb: float | None = None
+    kv_heads: int | None = None  # grouped-query attention; None = heads
+    ffn: int | None = None  # the MLP's hidden size f; None = 4 hidden
+    gated: bool = False  # SwiGLU: three h x f matrices
+    tied: bool = True  # the output layer reuses the input embedding
+    positions: bool = True  # a learned position embedding of seq x hidden
+    layer_split: tuple[int, ...] | None = None  # layers per pipeline stage; None = even (pp must divide)
+    rounds: int | None = None  # interleaved schedule: micro-batches per round through the chunks; None = pp
+
+    @property
+    def modern(self) -> bool:
+        """Whether any shape option of `distlab.memory.shape` departs from chapter 7's GPT-3 block."""
+        return (self.kv_heads not in (None, self.heads) or self.ffn not in (None, 4 * (self.hidden or 0))
+                or self.gated or not self.tied or not self.positions or self.layer_split is not None
+                or self.rounds is not None)
 
 
 @dataclass(frozen=True)
@@ -136,11 +156,16 @@ def validate(c: MemoryConfig) -> bool:
             f"heads={c.heads} is not divisible by tensor-parallel size tp={c.tp}; choose a tp that "
             f"divides {c.heads}"
         )
-    if c.layers % (c.pp * c.interleave):
+    _check_shape_options(c)
+    if c.layer_split is None and c.layers % (c.pp * c.interleave):
         raise ValueError(
             f"layers={c.layers} is not divisible by pp * interleave = {c.pp * c.interleave}; choose "
-            "a pipeline size (and interleave) that divides the layers"
+            "a pipeline size (and interleave) that divides the layers, or give layer_split (an uneven "
+            f"split, e.g. {list(shape.stage_layers(c.layers, c.pp))})"
         )
+    if c.layer_split is not None and min(shape.stage_layers(c.layers, c.pp, c.layer_split)) < c.interleave:
+        raise ValueError(f"layer_split={list(c.layer_split)} gives a stage fewer layers than interleave="
+                         f"{c.interleave} chunks; choose a smaller interleave or move layers to that stage")
     if c.seq % c.cp:
         raise ValueError(
             f"seq={c.seq} is not divisible by context-parallel size cp={c.cp}; choose a cp that "
@@ -149,10 +174,56 @@ def validate(c: MemoryConfig) -> bool:
     return True
 
 
+def _check_shape_options(c: MemoryConfig) -> None:
+    kv = c.kv_heads
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or c.heads % kv):
+        raise ValueError(f"kv_heads={kv!r} must be a positive integer that divides heads={c.heads}; or leave "
+                         "it out (kv_heads = heads, multi-head attention)")
+    if c.ffn is not None and (isinstance(c.ffn, bool) or not isinstance(c.ffn, int) or c.ffn < 1):
+        raise ValueError(f"ffn={c.ffn!r} must be a positive integer (the MLP's hidden size), or None for 4 h")
+    if c.layer_split is not None:
+        shape.stage_layers(c.layers, c.pp, c.layer_split)
+    if c.rounds is not None and (isinstance(c.rounds, bool) or not isinstance(c.rounds, int)
+                                 or not 1 <= c.rounds <= c.pp):
+        raise ValueError(f"rounds={c.rounds!r} must be a whole number from 1 to pp={c.pp} (the micro-batches "
+                         "of each round of the interleaved schedule), or None for pp")
+
+
+def _stage_params(c: MemoryConfig) -> float:
+    """Parameters one GPU holds on the pipeline stage that holds the most (modern shapes, uneven splits)."""
+    h, t = c.hidden, c.tp
+    f = c.ffn or 4 * h
+    hkv = shape.kv_width(h, c.heads, c.kv_heads)
+    biases = (h + 2 * hkv + f * (2 if c.gated else 1)) / t + 6 * h  # split column biases; norms, row biases
+    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) / t + biases
+    split = shape.stage_layers(c.layers, c.pp, c.layer_split)
+    embed = c.vocab * h / t + (c.seq * h if c.positions else 0)
+    head = (c.vocab * h / t if (not c.tied or c.pp > 1) else 0) + 2 * h
+    if c.pp == 1:
+        return split[0] * per_layer + embed + head
+    return max(split[0] * per_layer + embed, split[-1] * per_layer + head, max(split) * per_layer)
+
+
+def total_params(c: MemoryConfig) -> float:
+    """The model's parameter count from its shape (`c.params` when given)."""
+    if c.params is not None:
+        return c.params
+    if not c.modern:
+        return cost_model.gpt_num_params(c.layers, c.hidden, c.vocab, c.seq)
+    h, f = c.hidden, c.ffn or 4 * c.hidden
+    biases = 7 * h + 2 * shape.kv_width(h, c.heads, c.kv_heads) + f * (2 if c.gated else 1)
+    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) + biases
+    return (c.layers * per_layer + c.vocab * h * (1 if c.tied else 2) + (c.seq * h if c.positions else 0)
+            + 2 * h)
+
+
 def params_per_gpu(c: MemoryConfig) -> float:
     """Parameters one GPU holds on the pipeline's first stage (the one with the embedding)."""
     if c.layers is None:
         return c.params / (c.tp * c.pp)
+    if c.modern:
+        stage = _stage_params(c)
+        return stage * c.params / total_params(replace(c, params=None)) if c.params is not None else stage
     h, t = c.hidden, c.tp
     per_layer = 12 * h * h / t + 7 * h / t + 6 * h  # column-parallel biases split; LayerNorms, row biases not
     stage = c.layers / c.pp * per_layer + c.vocab * h / t + c.seq * h + (2 * h if c.pp == 1 else 0)
@@ -176,8 +247,40 @@ def in_flight_layers(c: MemoryConfig) -> float:
     return (c.pp * v + c.pp - 1) * layers_per_stage / v
 
 
+def modern_layer_bytes(c: MemoryConfig) -> float:
+    """One block's saved bytes per GPU for a modern shape (`shape.swap_block_terms`), split by tp as
+    Korthikanti et al. 2022, Table 2 splits them; selective recomputation drops the attention core, full
+    keeps only the block's input."""
+    e, s = (2 if c.precision == "mixed" else 4), c.seq // c.cp
+    split_all = c.tp if c.sequence_parallel else 1
+    if c.recompute == "full":
+        return s * c.micro_batch * c.hidden * e / split_all
+    terms = cost_model.layer_activation_terms(s, c.micro_batch, c.hidden, c.heads, e, c.attention, c.dropout)
+    terms = shape.swap_block_terms(terms, s, c.micro_batch, c.hidden, c.heads, c.kv_heads, c.ffn, c.gated, e)
+    dropped = cost_model.core_terms(c.attention) if c.recompute == "selective" else ()
+    return sum(n / (c.tp if split or c.sequence_parallel else 1)
+               for k, (n, split) in terms.items() if k not in dropped)
+
+
+def stage_activations(c: MemoryConfig) -> list[tuple[float, float]]:
+    """Per pipeline stage: (layer-micro-batches in flight, saved bytes per GPU), the head on the last."""
+    e, s = (2 if c.precision == "mixed" else 4), c.seq // c.cp
+    layer = modern_layer_bytes(c)
+    head = cost_model.head_bytes(s, c.micro_batch, c.hidden, c.vocab, e, c.tp)
+    split = shape.stage_layers(c.layers, c.pp, c.layer_split)
+    m = c.microbatches or c.pp
+    out = []
+    for i, n in enumerate(split):
+        held = shape.in_flight(c.schedule, i, c.pp, m, c.interleave, c.rounds) * n
+        out.append((held, held * layer + (head if i == c.pp - 1 else 0)))
+    return out
+
+
 def activation_bytes(c: MemoryConfig) -> float:
-    """The first (or, if larger, the last) pipeline stage's saved activations, per GPU."""
+    """The first (or, if larger, the last) pipeline stage's saved activations, per GPU; for a modern shape
+    or an uneven split, the largest of every stage's (`stage_activations`)."""
+    if c.modern:
+        return max(b for _, b in stage_activations(c))
     e = 2 if c.precision == "mixed" else 4
     s = c.seq // c.cp
     layer = cost_model.layer_bytes(
@@ -215,11 +318,11 @@ def estimate(c: MemoryConfig) -> MemoryEstimate:
                 "or turn offload off"
             )
     act = activation_bytes(c) if has_shape else 0.0
-    total_params = (
-        c.params if c.params is not None else cost_model.gpt_num_params(c.layers, c.hidden, c.vocab, c.seq)
-    )
+    flight = in_flight_layers(c) if has_shape else 0.0
+    if has_shape and c.modern:
+        flight = max(stage_activations(c), key=lambda sb: sb[1])[0]
     return MemoryEstimate(
-        total_params,
+        total_params(c),
         p,
         g,
         o,
@@ -228,5 +331,5 @@ def estimate(c: MemoryConfig) -> MemoryEstimate:
         p + g + o + act,
         host,
         c.layers / c.pp if has_shape else 0.0,
-        in_flight_layers(c) if has_shape else 0.0,
+        flight,
     )

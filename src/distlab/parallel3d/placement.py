@@ -48,6 +48,19 @@ ORDERS = {"TP inside a server, DP across": ("dp", "pp", "tp"),
           "TP across servers (wrong)": ("tp", "pp", "dp")}
 
 
+def group_crosses_servers(size: int, stride: int, gpus_per_node: int) -> bool:
+    """Whether some group of a dim crosses servers when its `size` ranks sit `stride` apart (the product of
+    the dims inside it) and ranks fill servers of `gpus_per_node` in order: every group stays inside one
+    server exactly when size x stride <= gpus_per_node and divides it. So tp = 6 on servers of 8 puts ranks
+    6-11 on two servers, and that group's ring runs at the network's speed (chapter 8); all groups of a dim
+    run their collectives together, so the slowest sets the pace. `assign` with the dims' order gives the
+    same answer GPU by GPU (tests/test_plan_model.py checks it)."""
+    if size <= 1:
+        return False
+    span = size * stride
+    return span > gpus_per_node or gpus_per_node % span != 0
+
+
 def assign(plan: Plan3D, cluster: Cluster, order: tuple[str, ...]) -> dict[int, str]:
     """Global rank -> GPU name of `cluster`, placing the dims in `order` (outermost first)."""
     if sorted(order) != sorted(DIMS):

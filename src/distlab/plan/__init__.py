@@ -3,24 +3,30 @@ with on a cluster, judged by chapter 7's memory estimator and ranked by a step-t
 chapter 1's collective costs, chapter 4's bubble and chapter 8's links.
 
 One idea per file:
-- `inputs`: `ModelSpec` (and `PRESETS`), `ClusterSpec` (links and peak FLOP/s from `distlab.catalog`,
-  HBM capacity from `HBM_GB`), `Workload` (global batch, efficiency), all validated.
-- `candidates`: `Candidate`, `Settings`, `enumerate_candidates`, `memory` (chapter 7's `estimate`), `fits`.
+- `inputs`: `ModelSpec` (and `PRESETS`; grouped-query attention, FFN size, gated MLPs), `ClusterSpec`
+  (links and peak FLOP/s from `distlab.catalog`, HBM capacity from `HBM_GB`), `Workload` (global batch,
+  efficiency), all validated against `limits` (the bounds of every input, and an O(sqrt n) `divisors`).
+- `efficiency`: eta, the kernels' fraction of peak per GPU type, from a published block time.
+- `candidates`: `Candidate` (uneven layer splits), `Settings`, `enumerate_candidates`, `Rejections`,
+  `memory` (chapter 7's `estimate`), `fits`.
 - `cost_model`: `step_time` -> `StepTime`, the terms compute, recompute, bubble, tp, pp, cp, dp.
-- `published`: `RUNS`, published configurations with their sources (Megatron-LM, Llama 3).
-- `planner`: `evaluate`, `plan` (fits, fastest first), `judge` (a published run), `explain`.
+- `published`: `RUNS`, published configurations with their sources (Megatron-LM, Llama 3, BLOOM,
+  Megatron-Turing NLG), and `OPTIONS_OF_THE_TIME`.
+- `planner`: `evaluate`, `plan` (fits, fastest first), `pinned` (one configuration), `judge` (a
+  published run), `explain`.
 - `report`: the text table and the published runs as markdown; `figures`: the pictures.
-- `python -m distlab.plan [--json] [--preset NAME | --published NAME | shape flags]`.
+- `python -m distlab.plan [--json] [--preset NAME | --published NAME | shape flags] [--dp --tp --pp --cp
+  --zero --recompute --micro-batch --interleave]`.
 """
 
 from distlab.plan.candidates import Candidate, Settings, enumerate_candidates, fits, memory
 from distlab.plan.cost_model import StepTime, step_time
 from distlab.plan.inputs import PRESETS, ClusterSpec, ModelSpec, Workload, preset
-from distlab.plan.planner import Row, evaluate, explain, judge, plan
+from distlab.plan.planner import Row, evaluate, explain, judge, pinned, plan
 from distlab.plan.published import RUNS, PublishedRun
 
 __all__ = [
     "PRESETS", "RUNS", "Candidate", "ClusterSpec", "ModelSpec", "PublishedRun", "Row", "Settings",
     "StepTime", "Workload", "enumerate_candidates", "evaluate", "explain", "fits", "judge", "memory",
-    "plan", "preset", "step_time",
+    "pinned", "plan", "preset", "step_time",
 ]

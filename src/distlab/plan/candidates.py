@@ -1,21 +1,38 @@
 """The search space: every way to split a model over a cluster, and which of them fit in memory.
 
 A `Candidate` is one choice of (dp, tp, pp, cp, ZeRO stage, recomputation, micro-batch size, interleaving
-v). `enumerate_candidates` lists those with dp tp pp cp = GPUs, tp within one server and dividing the
-heads, pp v dividing the layers, cp dividing the sequence, dp dividing the global batch and the micro-batch
-size dividing each replica's share of it. `memory` asks chapter 7's estimator
+v, and optionally the layers of each pipeline stage). `enumerate_candidates` lists those with
+dp tp pp cp = GPUs, tp dividing the heads (a tp group may span servers: the cost model prices its
+placement), every stage holding at least v layers (uneven splits as `distlab.memory.shape.stage_layers`),
+cp dividing the sequence, and dp x micro-batch at most the global batch: when it does not divide the
+batch, each replica runs m = floor(B / (d b)) micro-batches and the step trains d b m sequences
+(`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each rule removed, so that
+"0 configurations fit" can say why. `memory` asks chapter 7's estimator
 (`distlab.memory.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares them with
 the GPU's HBM.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from distlab.memory import shape
 from distlab.memory.cost_model import RECOMPUTE
 from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
+from distlab.plan.limits import divisors
+
+CP_SPLITS = ("zigzag", "contiguous")
+
+
+class Rejections(Counter):
+    """How many candidates each rule of the search space (or the memory filter) removed, by rule."""
+
+    def explain(self) -> str:
+        """One line per rule, most removals first."""
+        return "; ".join(f"{rule}: {n:,}" for rule, n in self.most_common()) or "no rule removed any"
 
 
 @dataclass(frozen=True)
@@ -28,11 +45,17 @@ class Settings:
     attention: str = "flash"
     dropout: bool = False
     usable_memory: float = 0.9
+    cp_split: str = "zigzag"  # how the sequence is cut over cp ranks: zig-zag (balanced) or contiguous
+    overlap_dp: bool = True  # whether the dp collectives overlap the backward (DDP, FSDP) or wait for it
+    rounds: int | None = None  # interleaved schedule: micro-batches per round (Llama 3's N); None = pp
 
     def __post_init__(self) -> None:
-        if not 0 < self.usable_memory <= 1:
+        u = self.usable_memory
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ValueError(f"usable_memory={self.usable_memory!r} must be in (0, 1], the fraction of HBM "
                              "the estimate may fill, e.g. 0.9")
+        if self.cp_split not in CP_SPLITS:
+            raise ValueError(f"cp_split={self.cp_split!r} is unknown; choose one of {', '.join(CP_SPLITS)}")
 
 
 @dataclass(frozen=True)
@@ -47,22 +70,25 @@ class Candidate:
     recompute: str
     micro_batch: int
     interleave: int = 1
+    layer_split: tuple[int, ...] | None = None  # layers per stage; None = `shape.stage_layers`
 
     def microbatches(self, batch: int) -> int:
+        """m = floor(B / (d b)): micro-batches per replica per step (the batch rounds down)."""
         return batch // (self.dp * self.micro_batch)
+
+    def effective_batch(self, batch: int) -> int:
+        """The sequences one step trains: d b m, the global batch rounded down to a multiple of d b."""
+        return self.dp * self.micro_batch * self.microbatches(batch)
 
     def label(self) -> str:
         v = f" v{self.interleave}" if self.interleave > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} z{self.zero} {self.recompute} "
                 f"b{self.micro_batch}{v}")
 
-    def to_dict(self) -> dict[str, int | str]:
-        return asdict(self)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    def to_dict(self) -> dict[str, int | str | list[int] | None]:
+        d = asdict(self)
+        d["layer_split"] = list(self.layer_split) if self.layer_split else None
+        return d
 
 
 def check_fits_grid(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate) -> None:
@@ -71,33 +97,41 @@ def check_fits_grid(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     if c.dp * c.tp * c.pp * c.cp != n:
         raise ValueError(f"dp*tp*pp*cp = {c.dp * c.tp * c.pp * c.cp} but the cluster has {n} GPUs; "
                          "choose sizes whose product is the number of GPUs")
-    if c.tp > cluster.gpus_per_node:
-        raise ValueError(f"tp={c.tp} exceeds gpus_per_node={cluster.gpus_per_node}; keep tensor "
-                         "parallelism inside one server")
     if model.heads % c.tp:
         raise ValueError(f"tp={c.tp} does not divide heads={model.heads}; choose a tp that divides it")
-    if model.layers % (c.pp * c.interleave):
-        raise ValueError(f"pp*interleave = {c.pp * c.interleave} does not divide layers={model.layers}; "
-                         "choose a pipeline size (and v) that divides the layers")
+    split = shape.stage_layers(model.layers, c.pp, c.layer_split)
+    if min(split) < c.interleave:
+        raise ValueError(f"interleave={c.interleave} needs at least {c.interleave} layers on every stage but "
+                         f"the split {list(split)} has {min(split)}; choose a smaller v or pp")
+    if c.interleave > 1 and (c.pp == 1 or c.microbatches(workload.batch) % c.pp):
+        raise ValueError(f"interleave={c.interleave} needs pp > 1 and a number of micro-batches "
+                         f"m={c.microbatches(workload.batch)} that pp={c.pp} divides (Narayanan et al. 2021, "
+                         "sec. 2.2); choose the micro-batch size or v = 1")
     if model.seq % c.cp:
         raise ValueError(f"cp={c.cp} does not divide seq={model.seq}; choose a cp that divides it")
-    if workload.batch % (c.dp * c.micro_batch):
-        raise ValueError(f"dp*micro_batch = {c.dp * c.micro_batch} does not divide batch={workload.batch}; "
-                         "choose a micro-batch size that divides each replica's share")
+    if c.dp * c.micro_batch > workload.batch:
+        raise ValueError(f"dp*micro_batch = {c.dp * c.micro_batch} exceeds batch={workload.batch}: some "
+                         "replica would get no sequence; choose a smaller dp or micro-batch")
     if c.recompute not in RECOMPUTE:
         raise ValueError(f"recompute={c.recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    if c.zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero={c.zero!r} is not a ZeRO stage; choose 0, 1, 2 or 3")
 
 
 def memory_config(model: ModelSpec, workload: Workload, c: Candidate, settings: Settings,
                   gpus_per_node: int = 8) -> MemoryConfig:
     """Chapter 7's description of candidate `c` (mixed precision; 1F1B, or interleaved when v > 1)."""
+    even = c.layer_split is None and model.layers % (c.pp * c.interleave) == 0
+    split = None if even else shape.stage_layers(model.layers, c.pp, c.layer_split)
     return MemoryConfig(
         layers=model.layers, hidden=model.hidden, heads=model.heads, vocab=model.vocab, seq=model.seq,
-        micro_batch=c.micro_batch, dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, zero=c.zero, precision="mixed",
+        **model.shape(), layer_split=split,
+        micro_batch=c.micro_batch, dp=c.dp * c.cp, tp=c.tp, pp=c.pp, cp=c.cp, zero=c.zero, precision="mixed",
         recompute=c.recompute, schedule="interleaved" if c.interleave > 1 else "1f1b",
         microbatches=c.microbatches(workload.batch), interleave=c.interleave,
         sequence_parallel=settings.sequence_parallel and c.tp > 1, attention=settings.attention,
         dropout=settings.dropout, gpus_per_node=gpus_per_node,
+        rounds=min(settings.rounds, c.pp) if (settings.rounds and c.interleave > 1) else None,
     )
 
 
@@ -116,39 +150,50 @@ def fits(m: MemoryEstimate, cluster: ClusterSpec, settings: Settings | None = No
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                          zero_stages: tuple[int, ...] = (0, 1, 2, 3),
                          recomputes: tuple[str, ...] = RECOMPUTE, max_micro_batch: int = 8,
-                         interleaves: tuple[int, ...] = (1, 2, 4), max_cp: int | None = None
-                         ) -> Iterator[Candidate]:
+                         interleaves: tuple[int, ...] = (1, 2, 4), max_cp: int | None = None,
+                         rejections: Rejections | None = None, uneven: bool = True) -> Iterator[Candidate]:
     """Every candidate of the search space (module docstring). ZeRO stages 2 and 3 only without a
     pipeline (their gradient or parameter shards would be reduced or gathered once per micro-batch on
-    every stage; DeepSpeed allows only stage 0 or 1 with its pipeline engine); stages above 0 only with
-    dp > 1; interleaving only with pp > 1 and m divisible by pp (Narayanan et al. 2021, sec. 2.2.2);
-    cp at most `max_cp` (None: any)."""
+    every stage; DeepSpeed allows only stage 0 or 1 with its pipeline engine; pin one with
+    `--zero` to price it anyway); stages above 0 only with d c > 1; interleaving only with pp > 1 and m
+    divisible by pp (Narayanan et al. 2021, sec. 2.2.2); cp at most `max_cp` (None: any); uneven layer
+    splits only with `uneven` (Megatron-LM 2021 needed p v to divide L). The micro-batch size b divides
+    floor(B/d). `rejections`, if given, counts what each rule removed."""
+    rej = rejections if rejections is not None else Rejections()
     n = cluster.gpus
     for tp in divisors(n):
-        if tp > cluster.gpus_per_node or model.heads % tp:
+        if model.heads % tp:
+            rej["tp does not divide the heads"] += 1
             continue
         for pp in divisors(n // tp):
-            if model.layers % pp:
+            if pp > model.layers or (not uneven and model.layers % pp):
+                rej["pp exceeds the layers (or, with uneven=False, does not divide them)"] += 1
                 continue
             for cp in divisors(n // (tp * pp)):
                 dp = n // (tp * pp * cp)
-                if model.seq % cp or workload.batch % dp or (max_cp is not None and cp > max_cp):
-                    continue
-                yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
-                                  max_micro_batch, interleaves)
+                if model.seq % cp or (max_cp is not None and cp > max_cp):
+                    rej["cp does not divide the sequence (or exceeds --max-cp)"] += 1
+                elif dp > workload.batch:
+                    rej["dp exceeds the global batch"] += 1
+                else:
+                    yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
+                                      max_micro_batch, interleaves, rej, uneven)
 
 
 def _inner(model: ModelSpec, workload: Workload, dp: int, tp: int, pp: int, cp: int,
            zero_stages: tuple[int, ...], recomputes: tuple[str, ...], max_micro_batch: int,
-           interleaves: tuple[int, ...]) -> Iterator[Candidate]:
+           interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True) -> Iterator[Candidate]:
     share = workload.batch // dp
+    fewest = min(shape.stage_layers(model.layers, pp))
     for b in (d for d in divisors(share) if d <= max_micro_batch):
         m = share // b
         for v in interleaves:
-            if v > 1 and (pp == 1 or model.layers % (pp * v) or m % pp):
+            if v > 1 and (pp == 1 or fewest < v or m % pp or (not uneven and model.layers % (pp * v))):
+                rej["interleaving needs pp > 1, v layers per stage and pp dividing m"] += 1
                 continue
             for zero in zero_stages:
-                if (zero > 0 and dp == 1) or (zero > 1 and pp > 1):
+                if (zero > 0 and dp * cp == 1) or (zero > 1 and pp > 1):
+                    rej["ZeRO > 0 needs dp x cp > 1; ZeRO 2-3 no pipeline"] += len(recomputes)
                     continue
                 for rc in recomputes:
                     yield Candidate(dp, tp, pp, cp, zero, rc, b, v)

@@ -1,44 +1,55 @@
 """The planner's step-time model: one training step as a sum of separately reported terms.
 
-- **compute**: the model FLOPs of one step, Narayanan et al. 2021, eq. (3) without its recomputation
-  pass: F = 72 B s l h^2 (1 + s / (6 h)) + 6 B s h V (forward 24 B s l h^2 (1 + s/(6h)) + 2 B s h V,
-  backward twice that), divided over the GPUs at a stated fraction `efficiency` of peak FLOP/s.
-- **recompute**: the extra forward work recomputation adds: full recomputation one more forward of every
-  layer, 24 B s l h^2 (1 + s/(6h)) (eq. (3)'s 96 instead of 72); selective only the attention core,
-  4 B s^2 h l (Korthikanti et al. 2022, sec. 5).
-- **bubble**: chapter 4's `bubble_fraction` (p - 1)/(v m + p - 1) of the step is idle, so the idle time
-  is (compute + recompute) (p - 1)/(v m).
-- **tp**: per layer and micro-batch, 4 all-reduces of b (s/cp) h bytes (2 forward, 2 backward; 2 more
-  with full recomputation; Shoeybi et al. 2019), as chapter 1's ring all-reduce on the NVLink link. With
-  sequence parallelism each becomes a reduce-scatter plus an all-gather, which the ring model prices the
-  same (Korthikanti et al. 2022, sec. 4.2.2).
-- **pp**: 2 v (m + p - 1) point-to-point transfers of b (s/cp) h / tp bytes on the critical path
-  (activations forward, gradients back; Megatron's scatter/gather splits each over the tp ranks).
-- **cp**: a ring of cp - 1 steps per layer and micro-batch, each passing the local K and V, 2 b (s/cp)
-  h_kv / tp elements, 3 times (forward; backward K, V and their gradients), 4 with full recomputation
-  (Liu et al. 2023, ring attention).
-- **dp**: the gradient all-reduce of one GPU's parameters in 16-bit (chapter 1's ring); ZeRO-1 the same
-  volume as reduce-scatter + all-gather; ZeRO-2 a reduce-scatter per micro-batch and one all-gather;
-  ZeRO-3 two all-gathers and a reduce-scatter per micro-batch (Rajbhandari et al. 2020, sec. 7).
+FLOPs (Narayanan et al. 2021, eq. (3), for any block shape): a block's forward pass is 2 W + 4 s h FLOPs
+per token, W its matrix weights (`distlab.memory.shape.block_weights`, 12 h^2 for GPT-3) and 4 s h the
+attention scores and their product with V, counted over the whole sequence as the paper counts them; the
+output layer adds 2 V h; backward is twice forward. So the model FLOPs of a step of B sequences are
+F = 6 B s (L W + V h) + 12 B s^2 h L, and with context parallelism each of the c ranks does the attention of
+its s/c queries against all s keys, a (s/c) s b. Recomputation adds one forward of every block (full) or
+of the attention core, 4 B s^2 h L (selective; Korthikanti et al. 2022, sec. 5).
 
-Ranks are placed as `distlab.mesh` orders its dims (pp outermost, then dp, cp, tp innermost): a dim runs on
-NVLink when its group fits in one server together with the dims inside it, otherwise on the NICs.
-**Overlap assumption: none.** Every term is on the critical path and the step time is their sum, an upper
-bound: real systems hide much of the dp and cp traffic behind compute.
+The terms, per GPU, with eta the kernels' efficiency (`distlab.plan.efficiency`) and P the peak:
+
+- **compute**, **recompute**: F / (N P eta) and the recomputation FLOPs likewise: the work if every GPU
+  were busy all the time.
+- **tp**: per block and micro-batch 4 all-reduces of b (s/c) h 16-bit elements (6 with full
+  recomputation; with sequence parallelism 4 all-gathers and 4 reduce-scatters, the same bytes), on the
+  slowest stage, priced on the link the tp group's placement gives it: NVLink when every group stays in a
+  server, the network when some group crosses (`parallel3d.placement.group_crosses_servers`). Not
+  overlapped (Megatron-LM's tensor parallelism waits for each).
+- **cp**: the ring of K and V (2 b (s/c) h_kv / t elements per step, c - 1 steps; once forward, twice
+  backward, once more with full recomputation; Liu et al. 2023): each step overlaps the attention of the
+  block it brings, so only what the transfer takes beyond that computation is exposed, plus the first step.
+- **bubble**: everything else the pipeline waits for. The step of a pipeline is (m + (p - 1)/v) slots of
+  its slowest stage (chapter 4's bubble, Narayanan et al. 2021 sec. 2.2), and a slot of stage i is its
+  layers' compute, recomputation, tp and cp time; the first stage also runs the embedding, the last the
+  output layer. The idle time is that minus the four terms above: the fill and drain, the wait for the
+  stage with the most work (uneven splits), and with contiguous cp chunks the wait for the rank with the
+  most causal attention ((2c - 1)/c of the mean; zig-zag chunks, as Llama 3 cuts them, balance it;
+  Dubey et al. 2024, sec. 3.3.2).
+- **pp**: 2 v (m + p - 1) point-to-point transfers of b (s/c) h / t elements (activations forward,
+  gradients back), on the network when the pipeline crosses servers.
+- **dp**: what the data-parallel collectives add that does not overlap, over the d c replicas of each
+  parameter (context-parallel ranks hold the same parameters, so they reduce gradients too). ZeRO 0 and
+  1: the gradient all-reduce (reduce-scatter + all-gather) overlaps the last micro-batch's backward, as
+  DDP's buckets do, except the last bucket, one block's gradients. ZeRO 2: a reduce-scatter per
+  micro-batch overlapping its backward, and the parameters' all-gather after the step. ZeRO 3 (FSDP,
+  Zhao et al. 2023): every micro-batch gathers each block's parameters before its forward and again before
+  its backward, and reduce-scatters its gradients after; the next block's gather is prefetched during the
+  current block's compute, so per block only the excess of the transfers over the compute is exposed, plus
+  the first gather of each pass and the last reduce-scatter.
+
+`dp_time` is the wire time of the dp collectives without any overlap (the lab's exercise).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from distlab.collectives.cost_model import (
-    MachineParams,
-    ring_all_gather_time,
-    ring_all_reduce_time,
-    ring_reduce_scatter_time,
-)
+from distlab.collectives.cost_model import MachineParams
+from distlab.memory import shape
 from distlab.memory.estimator import params_per_gpu
-from distlab.pipeline.cost_model import bubble_fraction
+from distlab.parallel3d.placement import group_crosses_servers
 from distlab.plan.candidates import Candidate, Settings, memory_config
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 
@@ -71,23 +82,46 @@ class StepTime:
         return {**asdict(self), "total": self.total}
 
 
+def layer_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of one block per token: 2 W + 4 s h (module docstring)."""
+    w = shape.block_weights(model.hidden, model.heads, model.kv_heads, model.ffn, model.gated)
+    return 2 * w + 4 * model.seq * model.hidden
+
+
 def model_flops(model: ModelSpec, batch: int) -> float:
-    """Narayanan et al. 2021, eq. (3) without recomputation: 72 B s l h^2 (1 + s/(6h)) + 6 B s h V."""
-    b, s, h, lyr, v = batch, model.seq, model.hidden, model.layers, model.vocab
-    return 72 * b * s * lyr * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v
+    """F = 3 B s (L (2 W + 4 s h) + 2 V h); for a GPT-3 block Narayanan et al.'s eq. (3) without its
+    recomputation pass, 72 B s L h^2 (1 + s/(6h)) + 6 B s h V."""
+    per_token = model.layers * layer_flops_per_token(model) + 2 * model.vocab * model.hidden
+    return 3 * batch * model.seq * per_token
 
 
 def recompute_flops(model: ModelSpec, batch: int, recompute: str) -> float:
     """The extra forward FLOPs of recomputation (module docstring)."""
     b, s, h, lyr = batch, model.seq, model.hidden, model.layers
     if recompute == "full":
-        return 24 * b * s * lyr * h * h * (1 + s / (6 * h))
+        return b * s * lyr * layer_flops_per_token(model)
     return 4 * b * s * s * h * lyr if recompute == "selective" else 0.0
 
 
+def ring_reduce_scatter_time(n: float, p: int, m: MachineParams) -> float:
+    """Chapter 1's ring reduce-scatter, (p - 1)(alpha + n/p (beta + gamma)), for one scalar size (the
+    planner calls it millions of times; `distlab.collectives.cost_model` is the vectorised original)."""
+    return (p - 1) * (m.alpha + n / p * (m.beta + m.gamma))
+
+
+def ring_all_gather_time(n: float, p: int, m: MachineParams) -> float:
+    """Chapter 1's ring all-gather of an n-byte result, (p - 1)(alpha + n/p beta), for one scalar size."""
+    return (p - 1) * (m.alpha + n / p * m.beta)
+
+
+def ring_all_reduce_time(n: float, p: int, m: MachineParams) -> float:
+    """Chapter 1's ring all-reduce: a reduce-scatter, then an all-gather."""
+    return ring_reduce_scatter_time(n, p, m) + ring_all_gather_time(n, p, m)
+
+
 def link(cluster: ClusterSpec, group: int, inner: int) -> MachineParams:
-    """NVLink if a group of `group` ranks, `inner` apart, stays in one server; the NICs otherwise."""
-    return cluster.intra if group * inner <= cluster.gpus_per_node else cluster.inter
+    """NVLink if every group of `group` ranks, `inner` apart, stays in one server; the network otherwise."""
+    return cluster.inter if group_crosses_servers(group, inner, cluster.gpus_per_node) else cluster.intra
 
 
 def _p2p(nbytes: float, m: MachineParams) -> float:
@@ -95,41 +129,106 @@ def _p2p(nbytes: float, m: MachineParams) -> float:
 
 
 def dp_time(c: Candidate, grad_bytes: float, m_micro: int, net: MachineParams) -> float:
-    """The data-parallel term for ZeRO stage c.zero (module docstring)."""
+    """The wire time of the data-parallel collectives for ZeRO stage c.zero, nothing overlapped: the ring
+    all-reduce for ZeRO 0 and 1, m reduce-scatters and one all-gather for ZeRO 2, m reduce-scatters and
+    2 m all-gathers for ZeRO 3 (Rajbhandari et al. 2020, sec. 7); nothing for dp = 1."""
     if c.dp == 1:
         return 0.0
     ar = ring_all_reduce_time(grad_bytes, c.dp, net)
     if c.zero <= 1:
         return float(ar)
-    rs = float(ring_reduce_scatter_time(grad_bytes, c.dp, net))
-    ag = float(ring_all_gather_time(grad_bytes, c.dp, net))
+    rs = ring_reduce_scatter_time(grad_bytes, c.dp, net)
+    ag = ring_all_gather_time(grad_bytes, c.dp, net)
     return m_micro * rs + ag if c.zero == 2 else m_micro * (rs + 2 * ag)
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage's seconds per micro-batch: kernels, tp, exposed cp; and its forward per block."""
+
+    kernels: float
+    tp: float
+    cp: float
+    block_forward: float
+    layers: int
+
+    @property
+    def slot(self) -> float:
+        return self.kernels + self.tp + self.cp
+
+
+def _stages(model: ModelSpec, cluster: ClusterSpec, c: Candidate, rate: float, settings: Settings
+            ) -> list[_Stage]:
+    s, h, b, t, cp = model.seq, model.hidden, c.micro_batch, c.tp, c.cp
+    per_token = layer_flops_per_token(model)
+    attn = 4 * s * h  # per token and block, forward
+    redo = {"full": per_token, "selective": attn}.get(c.recompute, 0.0)
+    skew = (2 * cp - 1) / cp if (cp > 1 and settings.cp_split == "contiguous") else 1.0
+    block = b * s * (3 * per_token + redo + (3 + (redo > 0)) * attn * (skew - 1)) / (t * cp * rate)
+    head = b * s * 6 * model.vocab * h / (t * cp * rate)
+    act = b * (s // cp) * h * 2
+    tp_link = link(cluster, t, 1)
+    tp_block = ((6 if c.recompute == "full" else 4) * ring_all_reduce_time(act, t, tp_link)
+                if t > 1 else 0.0)
+    cp_block = 0.0
+    if cp > 1:
+        kv = 2 * act * shape.kv_width(h, model.heads, model.kv_heads) / h / t
+        step = _p2p(kv, link(cluster, cp, t))
+        hidden = b * (s // cp) * (s // cp) * 4 * h / (t * rate)  # one step's attention, forward
+        passes = 4 if c.recompute == "full" else 3
+        cp_block = passes * (step + (cp - 2) * max(0.0, step - hidden))
+    split = shape.stage_layers(model.layers, c.pp, c.layer_split)
+    out = []
+    for i, n in enumerate(split):
+        extra = head if i == c.pp - 1 else 0.0
+        out.append(_Stage(n * block + extra, n * tp_block, n * cp_block,
+                          b * s * per_token / (t * cp * rate), n))
+    return out
+
+
+def _dp_exposed(c: Candidate, grad_bytes: float, m: int, net: MachineParams, stage: _Stage,
+                overlap: bool) -> float:
+    """The data-parallel seconds that do not overlap compute (module docstring), over c.dp x c.cp ranks."""
+    group = c.dp * c.cp
+    if group == 1:
+        return 0.0
+    layer_bytes = grad_bytes / max(stage.layers, 1)
+    backward = 2 * stage.block_forward * stage.layers
+    ar = ring_all_reduce_time(grad_bytes, group, net)
+    rs = ring_reduce_scatter_time(grad_bytes, group, net)
+    ag = ring_all_gather_time(grad_bytes, group, net)
+    if not overlap:
+        return dp_time(Candidate(group, 1, 1, 1, c.zero, c.recompute, 1), grad_bytes, m, net)
+    tail_ar = ring_all_reduce_time(layer_bytes, group, net)
+    if c.zero <= 1:
+        return max(tail_ar, ar - backward)
+    tail_rs = ring_reduce_scatter_time(layer_bytes, group, net)
+    if c.zero == 2:
+        return m * max(tail_rs, rs - backward) + ag
+    ag_l = ring_all_gather_time(layer_bytes, group, net)
+    f = stage.block_forward
+    per_pass = (2 * ag_l + tail_rs + stage.layers * (max(0.0, ag_l - f) + max(0.0, ag_l + tail_rs - 2 * f)))
+    return m * per_pass
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
               settings: Settings | None = None) -> StepTime:
-    """The predicted seconds per step of candidate `c`, term by term."""
+    """The predicted seconds per step of candidate `c`, term by term (module docstring)."""
     settings = settings or Settings()
-    n, batch = cluster.gpus, workload.batch
-    rate = n * cluster.peak_flops * workload.efficiency
+    n = cluster.gpus
+    m = c.microbatches(workload.batch)
+    batch = c.dp * c.micro_batch * m  # the global batch rounded down to a multiple of dp x micro-batch
+    rate = cluster.peak_flops * workload.eta(cluster.gpu)
     f, fr = model_flops(model, batch), recompute_flops(model, batch, c.recompute)
-    compute, recompute = f / rate, fr / rate
-    m = c.microbatches(batch)
-    bubble = (compute + recompute) * bubble_fraction(c.pp, m, c.interleave) / (
-        1 - bubble_fraction(c.pp, m, c.interleave))
-    act = c.micro_batch * (model.seq // c.cp) * model.hidden * 2  # bytes of one micro-batch's activations
-    layers = model.layers // c.pp
-    tp = 0.0
-    if c.tp > 1:
-        n_ar = 6 if c.recompute == "full" else 4
-        tp = m * layers * n_ar * float(ring_all_reduce_time(act, c.tp, cluster.intra))
+    compute, recompute = f / (n * rate), fr / (n * rate)
+    stages = _stages(model, cluster, c, rate, settings)
+    slow = max(stages, key=lambda st: st.slot)
+    pipeline = (m + (c.pp - 1) / c.interleave) * slow.slot
+    tp, cp = m * slow.tp, m * slow.cp
+    bubble = max(0.0, pipeline - compute - recompute - tp - cp)
+    act = c.micro_batch * (model.seq // c.cp) * model.hidden * 2
     pp = 0.0 if c.pp == 1 else 2 * c.interleave * (m + c.pp - 1) * _p2p(
         act / c.tp, link(cluster, c.pp, c.tp * c.cp * c.dp))
-    cp = 0.0
-    if c.cp > 1:
-        kv = 2 * act * (model.kv_heads or model.heads) / model.heads / c.tp
-        passes = 4 if c.recompute == "full" else 3
-        cp = m * layers * passes * (c.cp - 1) * _p2p(kv, link(cluster, c.cp, c.tp))
     grads = 2 * params_per_gpu(memory_config(model, workload, c, settings, cluster.gpus_per_node))
-    dp = dp_time(c, grads, m, link(cluster, c.dp, c.tp * c.cp))
+    dp = _dp_exposed(c, grads, m, link(cluster, c.dp * c.cp, c.tp), slow, settings.overlap_dp)
     return StepTime(compute, recompute, bubble, tp, pp, cp, dp, f, f + fr)

@@ -13,13 +13,13 @@ from matplotlib.figure import Figure
 from distlab import style
 from distlab.plan.cost_model import TERMS
 from distlab.plan.planner import Row, evaluate, judge, plan
-from distlab.plan.published import lookup
+from distlab.plan.published import OPTIONS_OF_THE_TIME, lookup
 
 TERM_COLOURS = dict(zip(TERMS, (style.COMPUTE, style.SKY_BLUE, style.IDLE, style.ORANGE, style.PURPLE,
                                 style.YELLOW, style.VERMILION), strict=True))
 
 
-def candidates_figure(published: str = "megatron-1t", efficiency: float = 0.5,
+def candidates_figure(published: str = "megatron-1t", efficiency: float | None = None,
                       rows: Sequence[Row] | None = None) -> Figure:
     """Predicted GB per GPU against predicted step time for every candidate of a published run's model,
     cluster and batch: those that fit, those that do not, the planner's first choice and the published
@@ -69,13 +69,12 @@ def terms_figure(rows: Sequence[tuple[str, dict[str, float]]]) -> Figure:
     return style.done(fig)
 
 
-def published_terms_figure(published: str = "megatron-1t", efficiency: float = 0.5) -> Figure:
+def published_terms_figure(published: str = "megatron-1t", efficiency: float | None = None) -> Figure:
     """The step-time terms of a published configuration, of the planner's first choice among the options of
-    its time (ZeRO 0, cp 1 for Megatron-LM; cp 1 for Llama 3 at 8K tokens), and of its first choice
-    among all options."""
+    its time (`published.OPTIONS_OF_THE_TIME`), and of its first choice among all options."""
     run = lookup(published)
     model, cluster, workload = run.model_spec(), run.cluster(), run.workload(efficiency)
-    then = dict(zero_stages=(0,), max_cp=1) if published.startswith("megatron") else dict(max_cp=1)
+    then = OPTIONS_OF_THE_TIME[published]
     bars = [("published", judge(run, efficiency)["time"])]
     for label, space in (("planner, options of the time", then), ("planner, all options", {})):
         best = plan(model, cluster, workload, run.settings, **space)[0]

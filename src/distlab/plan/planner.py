@@ -2,9 +2,11 @@
 a published run beside them.
 
 `evaluate` gives one `Row` per candidate (its memory estimate, whether it fits, its step-time terms);
-`plan` keeps the rows that fit, fastest first; `judge` evaluates a published configuration under its
-stated assumptions and solves for the efficiency at which the model reproduces the reported throughput;
-`explain` lists where the planner's first choice differs from the published one and which terms differ.
+`plan` keeps the rows that fit, fastest first, and counts in `Rejections` what each rule and the memory
+filter removed; `pinned` evaluates one configuration given in full; `judge` evaluates a published
+configuration under its stated assumptions beside the reported throughput, and gives the efficiency at
+which the model would reproduce it; `explain` lists where the planner's first choice differs from the
+published one and which terms differ.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from distlab.memory.estimator import MemoryEstimate
-from distlab.plan.candidates import Candidate, Settings, enumerate_candidates, fits, memory
+from distlab.plan.candidates import (
+    Candidate,
+    Rejections,
+    Settings,
+    check_fits_grid,
+    enumerate_candidates,
+    fits,
+    memory,
+)
 from distlab.plan.cost_model import TERMS, StepTime, step_time
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 from distlab.plan.published import PublishedRun
@@ -28,62 +38,93 @@ class Row:
     fits: bool
     time: StepTime
 
-    def to_dict(self, gpus: int) -> dict[str, Any]:
-        return {
+    def to_dict(self, gpus: int, batch: int | None = None) -> dict[str, Any]:
+        """The row as plain data: the candidate, `fits`, `memory_gb` per GPU, `step_s`, `tflops_per_gpu`
+        (model FLOPs per GPU per second) and every term in seconds."""
+        out = {
             **self.candidate.to_dict(),
             "label": self.candidate.label(),
             "fits": self.fits,
+            "memory_gb": self.memory.total_bytes / 1e9,
             "total_bytes": self.memory.total_bytes,
             "memory": {k: self.memory.to_dict()[k] for k in
                        ("model_states_bytes", "activations_bytes", "total_bytes")},
-            "time": self.time.to_dict(),
+            "step_s": self.time.total,
+            "tflops_per_gpu": self.time.tflops_per_gpu(gpus),
             "model_tflops_per_gpu": self.time.tflops_per_gpu(gpus),
+            "terms_s": {t: getattr(self.time, t) for t in TERMS},
+            "time": self.time.to_dict(),
         }
+        if batch is not None:
+            out["effective_batch"] = self.candidate.effective_batch(batch)
+        return out
+
+
+def row(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
+        settings: Settings | None = None) -> Row:
+    """One candidate evaluated: memory, fits, step time."""
+    settings = settings or Settings()
+    m = memory(model, cluster, workload, c, settings)
+    return Row(c, m, fits(m, cluster, settings), step_time(model, cluster, workload, c, settings))
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings: Settings | None = None,
              **space: Any) -> list[Row]:
     """Every candidate of the search space (`enumerate_candidates` takes `space`), evaluated."""
-    settings = settings or Settings()
-    rows = []
-    for c in enumerate_candidates(model, cluster, workload, **space):
-        m = memory(model, cluster, workload, c, settings)
-        rows.append(Row(c, m, fits(m, cluster, settings), step_time(model, cluster, workload, c, settings)))
-    return rows
+    return [row(model, cluster, workload, c, settings)
+            for c in enumerate_candidates(model, cluster, workload, **space)]
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings: Settings | None = None,
-         **space: Any) -> list[Row]:
-    """The candidates that fit in memory, fastest first (ties: less memory, then the label)."""
-    rows = [r for r in evaluate(model, cluster, workload, settings, **space) if r.fits]
-    return sorted(rows, key=lambda r: (round(r.time.total, 9), r.memory.total_bytes, r.candidate.label()))
+         rejections: Rejections | None = None, **space: Any) -> list[Row]:
+    """The candidates that fit in memory, fastest first (ties: less memory, then the label). What the rules
+    and the memory filter removed is counted in `rejections` when given."""
+    rej = rejections if rejections is not None else Rejections()
+    settings = settings or Settings()
+    kept = []
+    for c in enumerate_candidates(model, cluster, workload, rejections=rej, **space):
+        m = memory(model, cluster, workload, c, settings)
+        if fits(m, cluster, settings):  # the step time only for those that fit
+            kept.append(Row(c, m, True, step_time(model, cluster, workload, c, settings)))
+        else:
+            rej["does not fit in memory"] += 1
+    return sorted(kept, key=lambda r: (round(r.time.total, 9), r.memory.total_bytes, r.candidate.label()))
 
 
-def judge(run: PublishedRun, efficiency: float = 0.5) -> dict[str, Any]:
+def pinned(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
+           settings: Settings | None = None) -> Row:
+    """A configuration given in full, checked against the rules (`check_fits_grid`) and evaluated."""
+    check_fits_grid(model, cluster, workload, c)
+    return row(model, cluster, workload, c, settings)
+
+
+def judge(run: PublishedRun, efficiency: float | None = None) -> dict[str, Any]:
     """A published run under its assumptions: memory per GPU against HBM, predicted time and TFLOP/s
-    beside the reported ones, and `implied_efficiency`, the fraction of peak at which the model's step
-    time matches the report (the compute terms scale as 1/efficiency, communication does not)."""
+    beside the reported ones (`ratio`), and `implied_efficiency`, the eta at which the model's step time
+    matches the report (compute, recomputation and the idle time scale as 1/eta, communication not)."""
     model, cluster, workload = run.model_spec(), run.cluster(), run.workload(efficiency)
-    m = memory(model, cluster, workload, run.candidate(), run.settings)
-    t = step_time(model, cluster, workload, run.candidate(), run.settings)
+    eta = workload.eta(cluster.gpu)
+    r = row(model, cluster, workload, run.candidate(), run.settings)
+    t = r.time
     flops = t.hardware_flops if run.counts_recompute else t.model_flops
     reported_time = flops / (run.gpus * run.tflops * 1e12)
-    scaled = (t.compute + t.recompute + t.bubble) * efficiency
+    scaled = (t.compute + t.recompute + t.bubble) * eta
     comm = t.total - t.compute - t.recompute - t.bubble
     implied = scaled / (reported_time - comm) if reported_time > comm else float("inf")
+    predicted = t.tflops_per_gpu(run.gpus, run.counts_recompute)
     return {
         "name": run.name, "source": run.source, "where": run.where, **run.candidate().to_dict(),
         "gpus": run.gpus, "batch": run.batch, "seq": model.seq,
-        "total_bytes": m.total_bytes, "hbm_bytes": cluster.memory_bytes,
-        "fits": fits(m, cluster, run.settings), "headroom_bytes": cluster.memory_bytes - m.total_bytes,
-        "time": t.to_dict(), "efficiency": efficiency,
-        "predicted_tflops_per_gpu": t.tflops_per_gpu(run.gpus, run.counts_recompute),
-        "published_tflops_per_gpu": run.tflops, "counts_recompute": run.counts_recompute,
+        "total_bytes": r.memory.total_bytes, "hbm_bytes": cluster.memory_bytes,
+        "fits": r.fits, "headroom_bytes": cluster.memory_bytes - r.memory.total_bytes,
+        "time": t.to_dict(), "efficiency": eta,
+        "predicted_tflops_per_gpu": predicted, "published_tflops_per_gpu": run.tflops,
+        "ratio": predicted / run.tflops, "counts_recompute": run.counts_recompute,
         "reported_step_s": reported_time, "implied_efficiency": implied,
     }
 
 
-def explain(best: Row, run: PublishedRun, efficiency: float = 0.5) -> list[str]:
+def explain(best: Row, run: PublishedRun, efficiency: float | None = None) -> list[str]:
     """Sentences on where `best` differs from the published configuration: each differing choice, then
     the step-time terms that change by more than 5 % of the published step."""
     pub = run.candidate()
@@ -98,5 +139,5 @@ def explain(best: Row, run: PublishedRun, efficiency: float = 0.5) -> list[str]:
         if abs(delta) > 0.05 * t_pub["total"]:
             lines.append(f"{term} term: {getattr(best.time, term):.2f} s vs {t_pub[term]:.2f} s published")
     lines.append(f"predicted step: {best.time.total:.2f} s vs {t_pub['total']:.2f} s for the published "
-                 "configuration under the same model")
+                 f"configuration under the same model ({best.time.total / t_pub['total'] - 1:+.1%})")
     return lines
