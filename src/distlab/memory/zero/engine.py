@@ -35,13 +35,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab.comm_log import where
 from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
 from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
 from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
 from distlab.memory.zero.stage3 import ParameterGather
 from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
 
-__all__ = ["STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
+# The comm_log label of ZeRO's control messages (which parameters got a gradient): not the paper's volume.
+CONTROL = "zero_control"
+
+__all__ = ["CONTROL", "STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:
@@ -261,10 +265,12 @@ class ZeRO:
     def _active(self) -> list[list[bool]]:
         """Per unit and parameter: did it get a gradient on any rank this step? torch.optim skips a
         parameter whose .grad is None; ZeRO does the same for one that got no gradient anywhere. One
-        all-reduce of a byte per parameter, a control message outside the paper's volume (not logged)."""
+        all-reduce of a flag per parameter, a control message outside the paper's volume: not in ZeRO's own
+        log, and labelled CONTROL in any open `distlab.comm_log`, so that byte counts can leave it out."""
         used = torch.tensor([u for unit in self.units for u in unit.used], dtype=torch.uint8)
         flags = used.to(self.units[0].flat.device, torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        with where(CONTROL):
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         out, k = [], 0
         for unit in self.units:
             m = len(unit.layout.params)
