@@ -27,6 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
 BOOK_BUILD_FILES = ("test_book.py", "test_browser.py", "test_figures.py")
 
 
+# tryfirst: xdist's worker turns the mark into a node-id suffix in its own pytest_collection_modifyitems,
+# which must see the mark, so ours has to run before it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
