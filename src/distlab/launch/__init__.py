@@ -20,7 +20,9 @@ How it works, in four steps:
 2. The function and its arguments are serialised with cloudpickle, so a function typed into a notebook
    cell travels by value (spawned processes cannot import a notebook's `__main__`); the cell's source
    travels too, so that tracebacks show its lines (`sources.py`).
-3. Each rank is a `python -c` child in its own session: it connects to the store, calls
+3. Each rank is a process in its own session: on Linux it is forked from a helper that imported torch
+   once (`zygote.py`: a rank starts in milliseconds instead of seconds), elsewhere (or with
+   `DISTLAB_LAUNCH_FORK=0`) a fresh `python -c` child. It connects to the store, calls
    `init_process_group`, runs the function, and writes its result (or its exception) to a file
    (`worker.py`).
 4. The parent polls the children (`launcher.py`). A failed rank ends the run, and so does a rank still

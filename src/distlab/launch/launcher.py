@@ -1,6 +1,7 @@
 """The launcher's side of `run`: start the ranks, watch them, stop them, and report what happened.
 
-The ranks are `python -c` children (their side is `worker.py`); they share a temporary folder with the
+The ranks are forked by a helper that has imported torch already (`zygote`), or, where forking is
+off, `python -c` children (their side is `worker.py` either way); they share a temporary folder with the
 launcher, in which each rank writes its output, when its function started, and its result or a
 description of its exception. The launcher polls the children every 20 ms (`_watch`: a failure, a rank
 stuck after another returned, a rank that never comes to init_process_group, the deadline), asks the
@@ -29,7 +30,7 @@ from typing import Any
 import cloudpickle
 import torch.distributed as dist
 
-from distlab.launch import arguments, cleanup, diagnosis, observe, sources
+from distlab.launch import arguments, cleanup, diagnosis, observe, sources, zygote
 from distlab.launch.diagnosis import RankState
 from distlab.launch.worker import RENDEZVOUS_TIMEOUT, resolve_backend
 
@@ -39,20 +40,41 @@ LOADING = 10.0  # seconds a rank may take longer than the others to load its fun
 SETTLE = 1.5  # seconds the other ranks get, after the first failure, to fail too (so the report is complete)
 
 
-def _start(d: Path, world_size: int, port: int, marker: str) -> list[subprocess.Popen]:
-    procs = []
+def _environment(r: int, world_size: int, port: int, marker: str) -> dict[str, str]:
+    env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world_size), LOCAL_RANK=str(r),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONUNBUFFERED="1", **{marker: "1"})
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
+
+
+def _start(d: Path, world_size: int, port: int, marker: str, helper: zygote.Zygote | None) -> list:
+    """Start the ranks: forked by `helper` (`zygote`), or each a fresh `python -c` when there is none.
+    Either way a rank leads a session of its own and writes its output to rankR.out."""
+    procs: list = []
     for r in range(world_size):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world_size), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONUNBUFFERED="1", **{marker: "1"})
-        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        with open(d / f"rank{r}.out", "w") as out:
+        env, out = _environment(r, world_size, port, marker), d / f"rank{r}.out"
+        out.touch()
+        if helper is not None:
+            procs.append(helper.start(d, r, env, out))
+            continue
+        with open(out, "w") as f:
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", f"from distlab.launch.worker import _worker_main; "
                                        f"_worker_main({str(d)!r}, {r})"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True))
     return procs
+
+
+def _helper() -> zygote.Zygote | None:
+    """The fork helper, where forking is on and the helper starts; None means `python -c` ranks."""
+    if not zygote.usable():
+        return None
+    try:
+        return zygote.helper()
+    except OSError:
+        return None
 
 
 def _wait_for_exit(proc: subprocess.Popen, rank: int, seen: dict[int, float]) -> None:
@@ -161,12 +183,14 @@ class _Launch:
         self.sources = sources.capture()
 
     def start(self, payload: bytes, backend: str, port: int) -> None:
+        helper = _helper()
         (self.dir / "payload.pkl").write_bytes(payload)
         (self.dir / "spec.json").write_text(json.dumps({
             "host": "127.0.0.1", "port": port, "world_size": self.world_size, "backend": backend,
-            "timeout": self.timeout, "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p],
-            "sources": self.sources}))
-        self.procs = _start(self.dir, self.world_size, port, self.marker)
+            "timeout": self.timeout, "sys_path": [p for p in sys.path if p], "sources": self.sources,
+            # the ranks' parent, whose end means the launcher's end (the helper ends with the launcher)
+            "parent_pid": helper.proc.pid if helper is not None else os.getpid()}))
+        self.procs = _start(self.dir, self.world_size, port, self.marker, helper)
         for r, p in enumerate(self.procs):
             threading.Thread(target=_wait_for_exit, args=(p, r, self.seen), daemon=True).start()
 
