@@ -14,7 +14,7 @@ its own tokens inside a `distlab.comm_log`, and compares, in float64 (tolerance 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,6 @@ class HierResult:
     logged_flat: float  # forward bytes the log recorded under "flat" (all leave the rank)
     predicted_rows: tuple[int, int]  # routed_cross_node_rows: (flat, hierarchical) dispatch rows
     max_nodes_reached: int
-    extra: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -119,8 +118,8 @@ def parity_one(case: HierCase, group: dist.ProcessGroup | None = None) -> HierRe
         outs[mode], stats[mode], routing = out.y.detach(), out.stats, out.routing
         grads[mode] = _grads(layer, x_mine, group)
         logs[mode] = log
-    want = {"output": y_ref[a:b].detach(),
-            "gradients": _reference_grads(ref, x_ref, r * layout.experts_per_rank, layout.experts_per_rank, a, b)}
+    el = layout.experts_per_rank
+    want = {"output": y_ref[a:b].detach(), "gradients": _reference_grads(ref, x_ref, r * el, el, a, b)}
     reports = {mode: compare({"output": outs[mode], "gradients": grads[mode]}, want, dtype=torch.float64,
                              label=f"{mode}, {case.label()}", against="one process")
                for mode in outs}
@@ -134,7 +133,8 @@ def parity_one(case: HierCase, group: dist.ProcessGroup | None = None) -> HierRe
 
     reached = int(nodes_reached(routing, layout).max()) if routing.expert_index.numel() else 0
     return HierResult(case, reports, stats, forward_bytes(logs["hierarchical"], "inter"),
-                      forward_bytes(logs["flat"], "flat"), routed_cross_node_rows(routing, layout, r), reached)
+                      forward_bytes(logs["flat"], "flat"), routed_cross_node_rows(routing, layout, r),
+                      reached)
 
 
 def hierarchical_parity(cases: list[HierCase], group: dist.ProcessGroup | None = None) -> list[HierResult]:
