@@ -27,6 +27,7 @@ from distlab.data_parallel import figures as data_parallel
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
+from distlab.moe import scale_figures as moe_scale
 from distlab.parallel3d import figures as parallel3d
 from distlab.pipeline import figures as pipeline
 from distlab.plan import figures as plan
@@ -142,6 +143,9 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the K/V block each rank holds at each ring step and the blocks it computes, zig-zag, p=4"),
     BookFigure("cp-memory-vs-seq.png", context_parallel.memory_figure,
                "predicted saved bytes of one attention layer per rank vs sequence length, 32 heads x 128"),
+    # Chapter 6 at scale
+    BookFigure("moe-dispatch-cost.png", moe_scale.dispatch_cost_figure,
+               "predicted flat / hierarchical dispatch time vs servers, k = 1-8, M = 4, DGX A100 and H100"),
 )
 
 

@@ -13,6 +13,11 @@ One idea per file:
 - `traffic`: the bytes the all-to-alls carry in a few training steps, measured from the split sizes.
 - `load_balance`: skewed synthetic tokens, drop rate against capacity, a short training run with and
   without the balancing loss; `figures`: the pictures and the explorer drawn from them.
+- At scale: `dropless` (no capacity, grouped products over expert-sorted rows, MegaBlocks), `node_limited`
+  (each token's experts on at most M nodes, DeepSeek-V3), `hierarchical` (the all-to-all as an inter-node
+  and an intra-node step) and its `hierarchical_parity`, `aux_free` (the per-expert selection bias of
+  Wang et al. 2024), `dispatch_cost` (when hierarchical dispatch pays on chapter 8's clusters) and
+  `scale_figures`.
 - `exercises`: the checks of the lab's exercises. `python -m distlab.moe` runs the parity check and
   reports the all-to-all traffic, on this machine or under torchrun.
 """
