@@ -89,8 +89,9 @@ progress: $(STAMP)
 # the machine's default, several threads: an output that depends on the thread count fails here, not on a
 # student's machine (tests/test_reproducible.py). labs/nbval-sanitize.cfg blanks what varies between runs
 # without being a result (progress bars).
-# tests/ runs in TEST_WORKERS processes (pytest-xdist); --dist loadgroup keeps the tests that share the book
-# builds in one of them (tests/conftest.py). TEST_WORKERS=1 runs them in one process, as plain pytest does.
+# Both runs use TEST_WORKERS processes (pytest-xdist): for tests/, --dist loadgroup keeps the tests that share
+# the book builds in one of them (tests/conftest.py); for labs/, --dist loadfile keeps each notebook's cells
+# in one kernel, in order. TEST_WORKERS=1 runs them in one process, as plain pytest does.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with labs/nbval-sanitize.cfg
 TEST_WORKERS ?= 2
 # The labs' checks record their verdicts in a temporary file here (DISTLAB_PROGRESS), never in a student's
@@ -98,7 +99,8 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=25 tests
 	tmp=$$(mktemp -d) && DISTLAB_PROGRESS=$$tmp/progress.json OMP_NUM_THREADS=1 \
-	  $(BIN)/pytest $(NBVAL) --durations=15 labs; status=$$?; rm -rf "$$tmp"; exit $$status
+	  $(BIN)/pytest $(NBVAL) $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
+	  --durations=15 labs; status=$$?; rm -rf "$$tmp"; exit $$status
 
 # Two editions of the book (tools/distlab_book.py): the public site, whose labs show each check's verdict
 # but not the worked solution, and the instructor's, with the solutions. Both build offline.
