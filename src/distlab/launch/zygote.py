@@ -35,8 +35,11 @@ import sys
 import threading
 from pathlib import Path
 
-# What the helper imports once: what every rank imports before its function runs.
-PRELOAD = ("torch", "torch.distributed", "cloudpickle")
+# What the helper imports once: what every rank imports before its function runs, and what the course's
+# code imports often and slowly. torch._dynamo is imported the first time a TorchDispatchMode is entered
+# (distlab.comm_log): seconds of CPU that every rank recording its communication would pay again.
+PRELOAD = ("torch", "torch.distributed", "cloudpickle", "torch._dynamo", "torch.distributed.tensor",
+           "torch.distributed.fsdp", "torch.distributed.pipelining")
 
 
 def _serve() -> None:
