@@ -45,11 +45,13 @@ def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, v
     g = torch.Generator().manual_seed(0)
     idx, y = (torch.randint(vocab, (batch, seq), generator=g).to(dev) for _ in range(2))
     plan = policy_plan(recompute, layers)
+    # foreach=False: one parameter at a time, as Adam steps on CPU, which is what the prediction follows
+    # (on CUDA Adam defaults to its multi-tensor form, whose temporaries span every parameter at once)
     if precision == "mixed":
         model = model.to(torch.bfloat16)
-        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3))
+        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False))
     else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
