@@ -25,7 +25,8 @@ INSTRUCTOR_HTML := _build/instructor/_build/html
 .DEFAULT_GOAL := help
 # The student's own copies of the labs (no worked solutions): made once by `make lab`, never overwritten.
 MYLABS ?= mylabs
-.PHONY: help env kernel lab mylabs lab-reset lab-instructor progress test book book-instructor student lint clean
+.PHONY: help env kernel lab mylabs lab-reset lab-instructor progress test book book-instructor student lint clean \
+	gpu-check
 
 help:
 	@echo "make lab    set up .venv (first time only) and open JupyterLab on your own copies of the labs,"
@@ -40,6 +41,7 @@ help:
 	@echo "make lab-instructor  open JupyterLab on labs/: the full labs, with the worked solutions"
 	@echo "make lint   ruff check src tests labs tools"
 	@echo "make clean  remove build outputs (keeps .venv; 'rm -rf .venv' to start over)"
+	@echo "make gpu-check  on a GPU node: every chapter on CUDA/NCCL, memory and bandwidths; report in assets/gpu/"
 
 env: $(STAMP)
 
@@ -124,3 +126,9 @@ lint: $(STAMP)
 clean:
 	rm -rf _build book/figures .pytest_cache .ruff_cache
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+
+# On a GPU node: `pytest -m gpu` (every chapter on NCCL at world size 1 and one rank per GPU, gloo over CUDA
+# tensors, chapter 7's measured peak), then the bandwidths; one report (JSON + text) in assets/gpu/. Exits
+# non-zero on any failure; without CUDA it says it found no GPU and exits 0 (src/distlab/gpu_check/).
+gpu-check: $(STAMP)
+	$(BIN)/python -m distlab.gpu_check

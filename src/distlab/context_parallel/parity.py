@@ -46,6 +46,12 @@ class CPParityReport(ParityReport):
         return out
 
 
+def _device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where this rank's tensors must live: its GPU on NCCL (which sends only CUDA tensors), else the CPU."""
+    nccl = dist.is_initialized() and dist.get_backend(group) == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
 def random_qkv(seed: int, batch: int, heads: int, seq_len: int, head_dim: int,
                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, ...]:
     """q, k, v and an output gradient of shape (batch, heads, seq_len, head_dim), the same on every rank."""
@@ -61,7 +67,7 @@ def attention_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, head
     real tokens only; without it a seq_len that does not split raises a ValueError naming seq_len."""
     check_layout(layout)
     p, r = group_size(group), group_rank(group, "context-parallel group")
-    q, k, v, dout = random_qkv(seed, batch, heads, seq_len, head_dim, dtype)
+    q, k, v, dout = (t.to(_device(group)) for t in random_qkv(seed, batch, heads, seq_len, head_dim, dtype))
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_out = F.scaled_dot_product_attention(*ref, is_causal=True)
     ref_out.backward(dout)
@@ -101,11 +107,12 @@ def gpt_parity(layout: str = "zigzag", seed: int = 0, seq_len: int = 16, batch: 
 
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=11, block_size=seq_len, n_layer=2, n_head=2, n_embd=16)
-    dense = GPT(config).double()
-    ring = GPT(config).double()
+    dense = GPT(config).double().to(_device(group))
+    ring = GPT(config).double().to(_device(group))
     ring.load_state_dict(dense.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    idx, targets = (torch.randint(0, config.vocab_size, (batch, seq_len), generator=g) for _ in range(2))
+    idx, targets = (torch.randint(0, config.vocab_size, (batch, seq_len), generator=g).to(_device(group))
+                    for _ in range(2))
     _, ref_loss = dense(idx, targets)
     ref_loss.backward()
     loss = cp_gpt_loss(ring, idx, targets, group=group, layout=layout)

@@ -104,6 +104,9 @@ class HostShard:
         if self.stream is None:
             device_shard.copy_(self.master)
             return
+        # the copy overwrites device_shard: first let the kernels queued on the compute stream that still
+        # read it (the end of the backward) finish
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             device_shard.copy_(self.master, non_blocking=True)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)

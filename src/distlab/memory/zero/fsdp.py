@@ -196,7 +196,8 @@ class ShardedUnit:
         """End of a backward, run once by the root: finish every unit, drop gradients nobody computed."""
         self.final_queued = False
         units = list(_units(self.module))
-        used = torch.tensor([int(k in u.used) for u in units for k in range(len(u.full))], dtype=torch.int32)
+        used = torch.tensor([int(k in u.used) for u in units for k in range(len(u.full))], dtype=torch.int32,
+                            device=units[0].master.device)  # NCCL reduces only tensors on the GPU
         dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)
         start = 0
         for u in units:

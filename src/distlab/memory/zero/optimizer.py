@@ -158,7 +158,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """A byte per parameter, all-reduced: which had a gradient on some rank. torch.optim skips a
         parameter whose .grad is None; the slices of one that no rank computed get None too."""
         params = [p for b in self.buckets for p in b.params]
-        used = torch.tensor([id(p) in self._used for p in params], dtype=torch.int32)
+        used = torch.tensor([id(p) in self._used for p in params], dtype=torch.int32,
+                            device=params[0].device if params else None)  # NCCL: on the GPU
         dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)
         for flag, p in zip(used.tolist(), params, strict=True):
             if not flag:

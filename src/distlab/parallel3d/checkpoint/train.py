@@ -74,16 +74,17 @@ class Trainer:
     `step` counts the optimizer steps done; `train_step()` does one and returns the global mean loss.
     """
 
-    def __init__(self, cfg: TrainConfig, mesh: DeviceMesh) -> None:
+    def __init__(self, cfg: TrainConfig, mesh: DeviceMesh, device: torch.device | None = None) -> None:
         if torch.get_default_dtype() != torch.float64:
             raise ValueError(f"default dtype {torch.get_default_dtype()} must be torch.float64 for the "
                              "exact parity these runs claim; call torch.set_default_dtype(torch.float64)")
         self.cfg, self.mesh = cfg, mesh
         self.dp_group, self.tp_group = mesh["dp"].get_group(), mesh["tp"].get_group()
         self.dp, self.dp_rank = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
-        self.model = ParallelGPT.from_dense(dense_model(cfg), group=self.tp_group)
+        device = device or torch.device("cpu")  # on NCCL: this rank's GPU (launch.device())
+        self.model = ParallelGPT.from_dense(dense_model(cfg).to(device), group=self.tp_group)
         self.zero = ZeRO(self.model, cfg.zero_stage, group=self.dp_group, lr=cfg.lr)
-        self.data = dataset(cfg)
+        self.data = dataset(cfg).to(device)
         self.step = 0
 
     def train_step(self) -> float:

@@ -1,0 +1,18 @@
+"""The GPU path: `make gpu-check` on a GPU node, and NCCL's rules checked on CPU.
+
+Files:
+- `rendezvous.py`: per-rank orders of messages and collectives run on paper under NCCL's semantics (a send
+  waits for its receive, a pair's messages match in order, every rank calls the same collectives);
+- `rules.py`: a `distlab.comm_log` that also notes each call's devices and group, and the cross-rank
+  check of what ranks recorded (tensors on the rank's device, no receive from any source, same order);
+- `environment.py`: what the report names (GPU, driver, CUDA, NCCL, torch);
+- `bench.py`: the measurements (chapter 7's CUDA peak against its prediction, chapter 8's host-to-device
+  and device-to-device bandwidth, chapter 1's busbw);
+- `report.py`: pytest's outcomes read back, the verdict, and the JSON and text written to assets/gpu/;
+- `__main__.py`: `python -m distlab.gpu_check`, which runs `pytest -m gpu` and the measurements and
+  writes the report under assets/gpu/.
+"""
+
+from distlab.gpu_check.rendezvous import Finding, Op, check, pipeline_program
+
+__all__ = ["Finding", "Op", "check", "pipeline_program"]

@@ -1,0 +1,82 @@
+"""`python -m distlab.gpu_check` (what `make gpu-check` runs): everything that needs CUDA, on this node.
+
+1. `pytest -m gpu` on the repository's tests (tests/test_gpu*.py): every chapter on NCCL at world size 1
+   and at one rank per GPU, gloo over CUDA tensors, chapter 7's measured peak against its prediction;
+2. the measurements (`bench`): host-to-device, device-to-host, device-to-device and GPU-to-GPU
+   bandwidth (chapter 8), and the all_reduce bus bandwidth over every GPU (chapter 1);
+3. one report, JSON and text, under assets/gpu/ (`report`), naming the GPU, driver, CUDA, NCCL and torch.
+
+Exit status 0 only if every test passed and every measurement ran. Without CUDA it says it found no
+GPU, runs and writes nothing, and exits 0: a CPU machine claims nothing about the GPU path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from distlab.gpu_check import bench, environment, report
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: src/distlab/gpu_check/__main__.py
+NO_GPU = ("distlab gpu-check: found no GPU (torch.cuda.is_available() is False); nothing was run, nothing "
+          "was written, and nothing is claimed about the GPU path. Run it on a node with an NVIDIA GPU.")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, each with its default in the help."""
+    p = argparse.ArgumentParser(prog="python -m distlab.gpu_check", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "assets" / "gpu"), help="folder the report is written to")
+    p.add_argument("--tests", default=str(ROOT / "tests"), help="the tests folder pytest -m gpu runs")
+    p.add_argument("--no-measure", action="store_true", help="run the gpu tests only, not the measurements")
+    return p
+
+
+def run_tests(tests: str) -> tuple[list[dict], int]:
+    """`pytest -m gpu` in a child process (a fresh CUDA context, its output shown as it runs); the
+    outcome of every test and pytest's exit status."""
+    with tempfile.TemporaryDirectory(prefix="distlab-gpu-check-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-m", "gpu", tests, "-p", "no:cacheprovider", "-rA",
+                   f"--junitxml={xml}", "-o", "addopts="]
+        status = subprocess.call(command, cwd=ROOT)
+        return (report.test_outcomes(xml) if xml.is_file() else []), status
+
+
+def measure(out: dict) -> None:
+    """Every measurement into `out`; one that raises is recorded in out["errors"], the others still run."""
+    for key, fn in (("memory", bench.memory_check), ("bandwidth", bench.bandwidth), ("busbw", bench.busbw)):
+        try:
+            out[key] = fn()
+        except Exception:
+            out.setdefault("errors", []).append(f"{key}: {traceback.format_exc().strip().splitlines()[-1]}")
+    bad = [r for r in out.get("memory", []) if not r["within_tolerance"]]
+    if bad:
+        out.setdefault("errors", []).append(f"memory: {len(bad)} case(s) outside the tolerance")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print(NO_GPU)
+        return 0
+    out: dict = {"environment": environment.facts()}
+    out["tests"], status = run_tests(args.tests)
+    out["pytest_status"] = status
+    if not args.no_measure:
+        measure(out)
+    js, txt = report.write(out, args.out, environment.slug(out["environment"]))
+    print(txt.read_text(), end="")
+    print(f"report: {js} and {txt}")
+    return 0 if report.passed(out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The report of one `make gpu-check`: the node, every gpu test's outcome, every measurement; as JSON and
+as a short text, both under assets/gpu/ (named after the GPU, `environment.slug`).
+
+`test_outcomes` reads pytest's JUnit XML (what `pytest --junitxml` writes): one outcome per test,
+"passed", "failed", "error" or "skipped", with the message of a failure. `passed(report)` is the
+verdict the command's exit status gives: every gpu test passed (none skipped on a GPU node, at least one
+ran) and no measurement failed.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def test_outcomes(junit_xml: str | Path) -> list[dict]:
+    """[{"test": "tests/test_gpu.py::name[param]", "outcome": ..., "message": ...}] from a JUnit XML file."""
+    rows = []
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            child = case.find(tag)
+            if child is not None:
+                outcome = "failed" if tag == "failure" else tag
+                message = (child.get("message") or child.text or "").strip().splitlines()[0:1]
+                message = message[0] if message else ""
+                break
+        rows.append({"test": name, "outcome": outcome, "message": message})
+    return rows
+
+
+def passed(report: dict) -> bool:
+    """Every gpu test passed (at least one ran, none was skipped) and every measurement succeeded."""
+    tests = report.get("tests", [])
+    return (bool(tests) and all(t["outcome"] == "passed" for t in tests)
+            and not report.get("errors") and not report.get("pytest_status"))
+
+
+def render(report: dict) -> str:
+    """The short text: the node, a line per test that did not pass, the counts, the measurements."""
+    env = report["environment"]
+    gpus = ", ".join(f"cuda:{g['index']} {g['name']} ({g['memory_GiB']} GiB, sm {g['compute_capability']})"
+                     for g in env["gpus"])
+    lines = [f"distlab gpu-check: {'PASSED' if passed(report) else 'FAILED'}",
+             f"GPUs: {gpus}",
+             f"driver {env['driver']}, CUDA {env['cuda']}, NCCL {env['nccl']}, torch {env['torch']}, "
+             f"Python {env['python']}, {env['platform']}"]
+    tests = report.get("tests", [])
+    counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
+    lines.append("tests (pytest -m gpu): " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+    lines += [f"  {t['outcome'].upper()}: {t['test']}: {t['message']}" for t in tests
+              if t["outcome"] != "passed"]
+    for row in report.get("memory", []):
+        lines.append(f"memory {row['precision']}/{row['recompute']} L={row['shape']['layers']} "
+                     f"h={row['shape']['hidden']}: measured {row['measured_peak_bytes'] / 2**20:.1f} MiB, "
+                     f"predicted {row['predicted_peak_bytes'] / 2**20:.1f} MiB "
+                     f"({100 * row['relative_error']:+.1f} %, tolerance {100 * row['tolerance']:.0f} %)")
+    for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]:
+        got = "-" if row.get("measured_GBps") is None else f"{row['measured_GBps']:.1f} GB/s"
+        percent = row.get("percent_of_spec")
+        spec = f", {percent:.0f} % of {row.get('spec', '')}" if percent else ""
+        lines.append(f"{row['test']}: {got}{spec} ({row.get('note', '')})")
+    lines += [f"ERROR in {e}" for e in report.get("errors", [])]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out_dir: str | Path, name: str) -> tuple[Path, Path]:
+    """Write `name`.json and `name`.txt into `out_dir` (made if missing); return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    js, txt = out / f"{name}.json", out / f"{name}.txt"
+    js.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    txt.write_text(render(report))
+    return js, txt

@@ -1,0 +1,122 @@
+"""NCCL's rules checked on what ranks actually called, on gloo and the CPU.
+
+`RuleLog` is the house's `distlab.comm_log.CommLog` (a `TorchDispatchMode` that sees every c10d call) that
+also notes, for each call, the devices of its tensors, the global ranks of its group, the peer's global
+rank and whether a receive named its sender. Each rank opens one around its code and returns
+`log.calls`; the launcher hands every rank's list to `check_calls`, which says what would break on a GPU
+node although gloo accepted it:
+
+- **device**: every tensor of a collective lives on the rank's device ("cuda" under NCCL; gloo takes
+  CPU tensors, and NCCL fails with "No backend type associated with device type cpu");
+- **any-source**: no `recv(src=None)` (gloo's `recv_any_source`; NCCL has none);
+- **order / mismatch**: the k-th message from rank a to rank b is the k-th receive at b from a (NCCL
+  ignores tags), with the same dtype and size; every rank of a group calls the same collectives (op,
+  dtype, and the size where it is the same on every rank) in the same order — the fingerprint that
+  `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks on gloo (its ProcessGroupWrapper) collective by collective.
+
+The pairing itself is `rendezvous.check(program, run=False)`; whether an order can deadlock needs to
+know which calls a rank waits for, which a log does not record, so that is checked on the schedules
+themselves (`rendezvous.pipeline_program`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distlab.comm_log import CommLog
+from distlab.gpu_check.rendezvous import Finding, Op, check
+
+SAME_SIZE = ("all_reduce", "broadcast", "reduce", "barrier")  # ops whose B is the same on every rank
+
+
+@dataclass(frozen=True)
+class Call:
+    """One c10d call of one rank: `op` in chapter 1's words, the global `ranks` of its group, its
+    dtype and element count (B, as `CommRecord`), the device types of its tensors, the peer's global
+    rank (send and recv), and whether it was a receive from any source."""
+
+    op: str
+    ranks: tuple[int, ...]
+    dtype: str
+    numel: int
+    devices: tuple[str, ...]
+    peer: int | None = None
+    any_source: bool = False
+    where: str = ""
+
+
+def _tensors(x: object) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _group(func: object, args: tuple) -> dist.ProcessGroup:
+    if func.namespace == "_c10d_functional":  # type: ignore[attr-defined]
+        return dist.distributed_c10d._resolve_process_group(args[-1])
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            return dist.ProcessGroup.unbox(a)
+    raise RuntimeError("a c10d call without a process group argument")
+
+
+class RuleLog(CommLog):
+    """A `CommLog` whose `calls` list adds what NCCL's rules need (see `Call`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        before = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.records) > before:
+            r, group = self.records[-1], _group(func, args)
+            peer = r.peer if func._opname in ("send", "recv_") else None
+            devices = tuple(sorted({t.device.type for t in _tensors(args)}))
+            ranks = tuple(dist.get_process_group_ranks(group))
+            self.calls.append(Call(r.op, ranks, r.dtype, r.numel, devices,
+                                   None if peer is None else dist.get_global_rank(group, peer),
+                                   func._opname == "recv_any_source_", r.where))
+        return out
+
+
+def rule_log() -> RuleLog:
+    """A log to open around a rank's code: `with rule_log() as log: ...; return log.calls`."""
+    return RuleLog()
+
+
+def _key(c: Call) -> tuple:
+    return (c.op, c.dtype, c.numel if c.op in SAME_SIZE else None)
+
+
+def check_calls(calls: Sequence[Sequence[Call]], device: str | Sequence[str] = "cuda") -> list[Finding]:
+    """Every NCCL rule the ranks' recorded calls break (`calls[r]`: rank r's, in order); `device` is the
+    device type each rank's tensors must be on (one for all, or one per rank). [] if none."""
+    want = [device] * len(calls) if isinstance(device, str) else list(device)
+    if len(want) != len(calls):
+        raise ValueError(f"device has {len(want)} entries for {len(calls)} ranks; give one per rank or one "
+                         "for all, e.g. device='cuda'")
+    findings = []
+    program: list[list[Op]] = []
+    for r, mine in enumerate(calls):
+        steps = []
+        for i, c in enumerate(mine):
+            wrong = [d for d in c.devices if d != want[r]]
+            if wrong:
+                what = c.op + (f" in {c.where}" if c.where else "")
+                findings.append(Finding("device", f"rank {r}, call {i} ({what}): "
+                                        f"a tensor on {', '.join(wrong)}, but this rank's device is "
+                                        f"{want[r]}; create it with device=launch.device()"))
+            if c.op in ("send", "recv"):
+                steps.append(Op(c.op, None if c.any_source else c.peer, (c.dtype, c.numel)))
+            else:
+                steps.append(Op("collective", key=_key(c), name=str(_key(c)), group=c.ranks))
+        program.append(steps)
+    return findings + check(program, run=False)
