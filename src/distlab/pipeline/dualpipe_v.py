@@ -32,8 +32,11 @@ torch's runtime does for its OVERLAP_F_B action, so one half's messages travel w
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import Tensor
 
 from distlab.pipeline.actions import FLOWS, Action, Schedule, check_sizes, stage_rank
 from distlab.pipeline.communication import add_communication, check_compute_order
@@ -231,3 +234,20 @@ def torch_dualpipev_order(p: int, m: int) -> list[list[Action]]:
                 acts += [Action(op, s.microbatch_index, s.stage_index) for op in ops]
         orders.append(acts)
     return orders
+
+
+def steps_on_rank(runs: Sequence[tuple[str, int]], sizes: Sequence[int], X: Tensor, y: Tensor,
+                  group: dist.ProcessGroup | None = None, seed: int = 0, lr: float = 0.1) -> list:
+    """Run on every rank of the pipeline's `group`: one SGD step of MLP(sizes) per (name, m) in `runs`,
+    name "dualpipev" or "zbv", with `train.pipeline_step` (the same stages, executor and reference as
+    chapter 4's other schedules). Returns the `train.StepResult`s."""
+    from distlab import launch
+    from distlab.pipeline.schedules import zbv_schedule
+    from distlab.pipeline.train import pipeline_step
+
+    p = dist.get_world_size(group) if dist.is_initialized() else 1
+    safe = dist.is_initialized() and dist.get_backend(group) == "nccl"
+    build = {"dualpipev": dualpipev_schedule, "zbv": zbv_schedule}
+    device = launch.device() if dist.is_initialized() else None
+    return [pipeline_step(sizes, X, y, build[name](p, m, safe), group, seed, lr, device=device)
+            for name, m in runs]
