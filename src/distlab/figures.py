@@ -28,6 +28,7 @@ from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
 from distlab.parallel3d import figures as parallel3d
+from distlab.pipeline import dualpipe_v_figures as dualpipe_v
 from distlab.pipeline import figures as pipeline
 from distlab.plan import figures as plan
 from distlab.tensor_parallel import figures as tensor_parallel
@@ -142,6 +143,10 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the K/V block each rank holds at each ring step and the blocks it computes, zig-zag, p=4"),
     BookFigure("cp-memory-vs-seq.png", context_parallel.memory_figure,
                "predicted saved bytes of one attention layer per rank vs sequence length, 32 heads x 128"),
+    BookFigure("cp-ulysses-vs-ring.png", context_parallel.ulysses_vs_ring_figure,
+               "bytes per rank and predicted time per layer vs cp: ring, Ulysses and the hybrid, DGX H100"),
+    BookFigure("pipeline-dualpipev.png", dualpipe_v.dualpipev_figure,
+               "ZB-V and DualPipeV simulated, p=4, m=10, chunks carrying t_c=0.5; pairs outlined"),
 )
 
 
