@@ -161,3 +161,33 @@ def ulysses_vs_ring_figure(seq_len: int = 131072,
     bx.legend(frameon=False, fontsize=6.5, ncol=2)
     fig.tight_layout()
     return fig
+
+
+@style.styled
+def ulysses_measured_figure(measured: Sequence[dict]) -> Figure:
+    """The lab's runs of `ulysses_vs_ring.measure` (one dict per cp size): bytes sent per rank (counted
+    by comm_log, with the model's as black ticks) and seconds of forward + backward (measured, with the
+    model calibrated on the same machine as black ticks), ring beside Ulysses."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.0))
+    width = 0.38
+    x = np.arange(len(measured))
+    for i, (scheme, colour) in enumerate((("ring", style.VERMILION), ("ulysses", style.BLUE))):
+        xs = x + (i - 0.5) * width
+        sent = [sum(m[scheme]["sent"].values()) / 2**10 for m in measured]
+        model = [sum(m[scheme]["model_bytes"].values()) / 2**10 for m in measured]
+        ax.bar(xs, sent, width, color=colour, label=f"{scheme} (comm_log)")
+        ax.plot(xs, model, "k_", markersize=14, markeredgewidth=2)
+        bx.bar(xs, [m[scheme]["seconds"] * 1e3 for m in measured], width, color=colour, label=scheme)
+        bx.plot(xs, [m[scheme]["model_seconds"] * 1e3 for m in measured], "k_", markersize=14,
+                markeredgewidth=2)
+    for axis in (ax, bx):
+        axis.set_xticks(x, [f"p = {m['p']}" for m in measured])
+        axis.plot([], [], "k_", markersize=10, markeredgewidth=2, label="model")
+        axis.legend(frameon=False, fontsize=7)
+    ax.set_ylabel("KiB sent per rank, fwd + bwd")
+    bx.set_ylabel("ms per forward + backward")
+    L = measured[0]["seq_len"]
+    ax.set_title(f"Bytes: measured = model (L = {L})")
+    bx.set_title("Time on this machine (gloo, CPU): measured vs calibrated model", fontsize=8)
+    fig.tight_layout()
+    return fig
