@@ -29,6 +29,7 @@ from distlab.memory import figures as memory
 from distlab.moe import figures as moe
 from distlab.moe import scale_figures as moe_scale
 from distlab.parallel3d import figures as parallel3d
+from distlab.pipeline import dualpipe_v_figures as dualpipe_v
 from distlab.pipeline import figures as pipeline
 from distlab.plan import figures as plan
 from distlab.tensor_parallel import figures as tensor_parallel
@@ -146,6 +147,10 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
     # Chapter 6 at scale
     BookFigure("moe-dispatch-cost.png", moe_scale.dispatch_cost_figure,
                "predicted flat / hierarchical dispatch time vs servers, k = 1-8, M = 4, DGX A100 and H100"),
+    BookFigure("cp-ulysses-vs-ring.png", context_parallel.ulysses_vs_ring_figure,
+               "bytes per rank and predicted time per layer vs cp: ring, Ulysses and the hybrid, DGX H100"),
+    BookFigure("pipeline-dualpipev.png", dualpipe_v.dualpipev_figure,
+               "ZB-V and DualPipeV simulated, p=4, m=10, chunks carrying t_c=0.5; pairs outlined"),
 )
 
 

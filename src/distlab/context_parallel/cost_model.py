@@ -103,3 +103,72 @@ def dense_attention_saved_bytes(seq_len: int, batch: int, heads: int, head_dim: 
     L = seq_len
     return (3 * batch * heads * L * head_dim * dtype_bytes + 2 * batch * heads * L * L * dtype_bytes
             + batch * heads * L * dtype_bytes + L * L)
+
+
+# ---- DeepSpeed-Ulysses beside the ring, and their hybrid (USP) --------------------------------------
+# Jacobs et al. 2023, sec. 3.1: per rank, four all-to-alls in the forward pass (q, k, v to heads; the
+# output back) and four in the backward (dout to heads; dq, dk, dv back), each sending (p-1)/p of a
+# buffer of L/p tokens. With a query heads and a_kv key/value heads (GQA):
+#     Ulysses, forward = backward: (p-1)/p (2a + 2a_kv) b (L/p) d e      (falls as 1/p per rank)
+#     ring, forward: (p-1) 2 a_kv b (L/p) d e, backward twice that      (about constant in p)
+# The hybrid (Fang & Zhao 2024, USP): cp = u r; all-to-alls over u ranks of L/(u r) tokens, then a
+# ring over r ranks of K/V blocks of a_kv/u heads and L/r tokens.
+
+
+def ulysses_bytes_per_rank(p: int, seq_len: int, batch: int, heads: int, kv_heads: int, head_dim: int,
+                           dtype_bytes: int) -> dict[str, float]:
+    """Bytes each rank sends per pass in Ulysses' all-to-alls: (p-1)/p (2a + 2a_kv) b (L/p) d e each way."""
+    buffers = (2 * heads + 2 * kv_heads) * batch * (seq_len // p) * head_dim * dtype_bytes
+    sent = (p - 1) / p * buffers
+    return {"forward": sent, "backward": sent}
+
+
+def hybrid_bytes_per_rank(u: int, r: int, seq_len: int, batch: int, heads: int, kv_heads: int,
+                          head_dim: int, dtype_bytes: int) -> dict[str, float]:
+    """USP's bytes per rank and pass, split by link: "ulysses" (inside a node, all-to-alls over u ranks of
+    L/(u r) tokens) and "ring" (across nodes: K/V of a_kv/u heads and L/r tokens, r - 1 hops)."""
+    a2a = ulysses_bytes_per_rank(u, seq_len // r, batch, heads, kv_heads, head_dim, dtype_bytes)["forward"]
+    kv = 2 * batch * (kv_heads / u) * (seq_len // r) * head_dim * dtype_bytes
+    return {"ulysses": a2a, "ring_forward": (r - 1) * kv, "ring_backward": 2 * (r - 1) * kv}
+
+
+def attention_flops(seq_len: int, batch: int, heads: int, head_dim: int) -> float:
+    """Forward flops of causal attention on the whole sequence: Q K^T and P V, 2 b a L^2 d each, halved
+    by the mask (Dao et al. 2022 count 4 b a L^2 d without it)."""
+    return 2.0 * batch * heads * seq_len**2 * head_dim
+
+
+def cp_attention_time(scheme: str, seq_len: int, batch: int, heads: int, kv_heads: int, head_dim: int,
+                      dtype_bytes: int, flops_per_s: float, intra_GBps: float,
+                      inter_GBps: float | None = None, u: int = 1, r: int = 1, alpha_s: float = 0.0,
+                      backward_factor: float = 2.0) -> dict[str, float]:
+    """Seconds per rank for one attention layer's forward and backward, in the alpha-beta model.
+
+    scheme "ring" (r ranks; u = 1), "ulysses" (u ranks; r = 1) or "hybrid" (u x r). compute: the flops
+    over u r ranks (the backward `backward_factor` times the forward); the ring's K/V hops overlap the
+    block compute of their step (only what exceeds it is exposed, Liu et al. 2023); Ulysses' all-to-alls
+    wait for nothing to overlap and are exposed in full. intra_GBps: per rank, per direction, inside a
+    node (the all-to-all's links); inter_GBps: the ring's links (across nodes; default the same).
+    Returns compute, comm (all bytes moved, as time), exposed and total (compute + exposed)."""
+    if scheme not in ("ring", "ulysses", "hybrid"):
+        raise ValueError(f"scheme={scheme!r} is unknown; choose 'ring', 'ulysses' or 'hybrid'")
+    if scheme == "ring":
+        u = 1
+    if scheme == "ulysses":
+        r = 1
+    inter = intra_GBps if inter_GBps is None else inter_GBps
+    compute = attention_flops(seq_len, batch, heads, head_dim) * (1 + backward_factor) / (u * r) / flops_per_s
+    a2a_bytes = ulysses_bytes_per_rank(u, seq_len // r, batch, heads, kv_heads, head_dim, dtype_bytes)
+    a2a = (a2a_bytes["forward"] + a2a_bytes["backward"]) / (intra_GBps * 1e9) + 8 * alpha_s * (u - 1)
+    ring = 0.0
+    exposed_ring = 0.0
+    if r > 1:
+        kv = hybrid_bytes_per_rank(u, r, seq_len, batch, heads, kv_heads, head_dim, dtype_bytes)
+        hop_f = kv["ring_forward"] / (r - 1) / (inter * 1e9) + alpha_s
+        hop_b = kv["ring_backward"] / (r - 1) / (inter * 1e9) + 2 * alpha_s
+        step_f = compute / (1 + backward_factor) / r  # one of r ring steps of the forward
+        step_b = step_f * backward_factor
+        ring = (r - 1) * (hop_f + hop_b)
+        exposed_ring = (r - 1) * (max(0.0, hop_f - step_f) + max(0.0, hop_b - step_b))
+    return {"compute": compute, "comm": a2a + ring, "exposed": a2a + exposed_ring,
+            "total": compute + a2a + exposed_ring}

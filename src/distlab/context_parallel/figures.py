@@ -100,3 +100,94 @@ def memory_figure(seq_lens: Sequence[int] = (1024, 4096, 16384, 65536, 131072),
     ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+@style.styled
+def ulysses_vs_ring_figure(seq_len: int = 131072,
+                           heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                           cps: Sequence[int] = (2, 4, 8, 16, 32, 64), node: int = 8) -> Figure:
+    """Left: bytes each rank sends per attention layer (forward + backward) vs the cp size, ring (Liu et
+    al. 2023), Ulysses (Jacobs et al. 2023; only where the kv heads divide) and the hybrid (Fang & Zhao
+    2024, Ulysses over min(cp, node) ranks, ring over the rest), as fractions of the layer's K and V.
+    Right: predicted seconds per layer on DGX H100 nodes (catalog: H100 dense BF16 flops, NVLink 4 per
+    direction inside a node, one 400 Gb/s NIC per GPU across), compute and exposed communication."""
+    from distlab import catalog
+
+    gpu, server = catalog.lookup("gpu", "H100"), catalog.lookup("server", "DGX H100")
+    intra = catalog.lookup("nvlink", gpu.nvlink).gpu_GBps_per_direction
+    inter = server.nic_GBps_per_direction
+    e, b = 2, 1
+    kv_total = 2 * b * kv_heads * seq_len * head_dim * e  # the layer's K and V, all tokens
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = np.array(cps)
+    ring = [sum(cost_model.hybrid_bytes_per_rank(1, p, seq_len, b, heads, kv_heads, head_dim, e).values())
+            - cost_model.hybrid_bytes_per_rank(1, p, seq_len, b, heads, kv_heads, head_dim, e)["ulysses"]
+            for p in cps]
+    uly_ps = [p for p in cps if kv_heads % p == 0]
+    uly = [2 * cost_model.ulysses_bytes_per_rank(p, seq_len, b, heads, kv_heads, head_dim, e)["forward"]
+           for p in uly_ps]
+    hyb = []
+    for p in cps:
+        h = cost_model.hybrid_bytes_per_rank(min(p, node), max(1, p // node), seq_len, b, heads, kv_heads,
+                                             head_dim, e)
+        hyb.append(2 * h["ulysses"] + h["ring_forward"] + h["ring_backward"])
+    ax.plot(x, np.array(ring) / kv_total, "o-", color=style.VERMILION, label="ring")
+    ax.plot(uly_ps, np.array(uly) / kv_total, "s-", color=style.BLUE,
+            label=f"Ulysses (cp divides {kv_heads} kv heads)")
+    ax.plot(x, np.array(hyb) / kv_total, "^--", color=style.GREEN, label=f"hybrid: Ulysses {node} x ring")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cp size (ranks)")
+    ax.set_ylabel("bytes sent per rank, fwd + bwd\n(in units of the layer's K and V)")
+    ax.set_title(f"Per-rank traffic, L={seq_len // 1024}K, {heads} heads / {kv_heads} kv heads")
+    ax.legend(frameon=False, fontsize=7)
+    kw = {"seq_len": seq_len, "batch": b, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+          "dtype_bytes": e, "flops_per_s": gpu.dense_16bit_tflops * 1e12}
+    link = {p: intra if p <= node else inter for p in cps}  # a ring of up to one node stays on NVLink
+    rows = [("ring", [cost_model.cp_attention_time("ring", r=p, intra_GBps=link[p], **kw) for p in cps], x,
+             style.VERMILION),
+            ("Ulysses", [cost_model.cp_attention_time("ulysses", u=p, intra_GBps=intra, **kw)
+                         for p in uly_ps], np.array(uly_ps), style.BLUE),
+            ("hybrid", [cost_model.cp_attention_time("hybrid", u=min(p, node), r=max(1, p // node),
+                                                     intra_GBps=intra, inter_GBps=inter, **kw) for p in cps],
+             x, style.GREEN)]
+    for name, times, xs, colour in rows:
+        bx.plot(xs, [t["total"] * 1e3 for t in times], "o-", color=colour, label=f"{name}: total")
+        bx.plot(xs, [t["exposed"] * 1e3 for t in times], ":", color=colour, label=f"{name}: exposed comm")
+    bx.set_xscale("log", base=2)
+    bx.set_yscale("log")
+    bx.set_xlabel("cp size (ranks; ring across nodes of 8)")
+    bx.set_ylabel("predicted ms per layer (fwd + bwd)")
+    bx.set_title(f"DGX H100: NVLink {intra:g} GB/s, NIC {inter:g} GB/s per direction", fontsize=8)
+    bx.legend(frameon=False, fontsize=6.5, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+@style.styled
+def ulysses_measured_figure(measured: Sequence[dict]) -> Figure:
+    """The lab's runs of `ulysses_vs_ring.measure` (one dict per cp size): bytes sent per rank (counted
+    by comm_log, with the model's as black ticks) and seconds of forward + backward (measured, with the
+    model calibrated on the same machine as black ticks), ring beside Ulysses."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.0))
+    width = 0.38
+    x = np.arange(len(measured))
+    for i, (scheme, colour) in enumerate((("ring", style.VERMILION), ("ulysses", style.BLUE))):
+        xs = x + (i - 0.5) * width
+        sent = [sum(m[scheme]["sent"].values()) / 2**10 for m in measured]
+        model = [sum(m[scheme]["model_bytes"].values()) / 2**10 for m in measured]
+        ax.bar(xs, sent, width, color=colour, label=f"{scheme} (comm_log)")
+        ax.plot(xs, model, "k_", markersize=14, markeredgewidth=2)
+        bx.bar(xs, [m[scheme]["seconds"] * 1e3 for m in measured], width, color=colour, label=scheme)
+        bx.plot(xs, [m[scheme]["model_seconds"] * 1e3 for m in measured], "k_", markersize=14,
+                markeredgewidth=2)
+    for axis in (ax, bx):
+        axis.set_xticks(x, [f"p = {m['p']}" for m in measured])
+        axis.plot([], [], "k_", markersize=10, markeredgewidth=2, label="model")
+        axis.legend(frameon=False, fontsize=7)
+    ax.set_ylabel("KiB sent per rank, fwd + bwd")
+    bx.set_ylabel("ms per forward + backward")
+    L = measured[0]["seq_len"]
+    ax.set_title(f"Bytes: measured = model (L = {L})")
+    bx.set_title("Time on this machine (gloo, CPU): measured vs calibrated model", fontsize=8)
+    fig.tight_layout()
+    return fig

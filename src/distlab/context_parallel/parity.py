@@ -124,3 +124,36 @@ def gpt_parity(layout: str = "zigzag", seed: int = 0, seq_len: int = 16, batch: 
     return compare({"loss": total, "gradients": {n: p.grad for n, p in ring.named_parameters()}},
                    {"loss": ref_loss.detach(), "gradients": {n: p.grad for n, p in dense.named_parameters()}},
                    label=f"GPT with ring attention ({layout})", against="the dense GPT")
+
+
+def ulysses_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, heads: int = 4, kv_heads: int = 4,
+                   seq_len: int = 24, head_dim: int = 8, dtype: torch.dtype = torch.float64,
+                   group: dist.ProcessGroup | None = None, ring_group: dist.ProcessGroup | None = None,
+                   ) -> ParityReport:
+    """Run on every rank of `group` (and `ring_group`, for the hybrid): DeepSpeed-Ulysses (Jacobs et al.
+    2023) forward and backward against dense causal attention (`F.scaled_dot_product_attention` with
+    grouped-query heads when kv_heads < heads) on the whole sequence; this rank's shard of the output
+    and of dq, dk, dv. With `ring_group`, the hybrid of Fang & Zhao 2024 (`ulysses.hybrid_shard`)."""
+    from distlab.context_parallel.ulysses import hybrid_shard, ulysses_attention
+
+    u, j = group_size(group), group_rank(group, "Ulysses group")
+    r, i = (1, 0) if ring_group is None else (group_size(ring_group), group_rank(ring_group, "ring group"))
+    g = torch.Generator().manual_seed(seed)
+    shapes = (heads, kv_heads, kv_heads, heads)
+    q, k, v, dout = (torch.randn(batch, a, seq_len, head_dim, generator=g, dtype=dtype) for a in shapes)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_out = F.scaled_dot_product_attention(*ref, is_causal=True, enable_gqa=kv_heads != heads)
+    ref_out.backward(dout)
+
+    def mine(t: torch.Tensor) -> torch.Tensor:
+        return shard(t, j, u, layout) if ring_group is None else hybrid_shard(t, i, r, j, u, layout)
+
+    local = [mine(t).requires_grad_() for t in (q, k, v)]
+    out = ulysses_attention(*local, group=group, layout=layout, ring_group=ring_group)
+    out.backward(mine(dout))
+    ours = {"output": out, "dq": local[0].grad, "dk": local[1].grad, "dv": local[2].grad}
+    want = {"output": mine(ref_out.detach())} | {n: mine(t.grad) for n, t in zip(("dq", "dk", "dv"), ref,
+                                                                                  strict=True)}
+    what = f"hybrid u={u} x r={r}" if ring_group is not None else f"Ulysses p={u}"
+    return compare(ours, want, dtype=dtype, label=f"{what}, {heads}/{kv_heads} heads, {layout}",
+                   against="dense causal attention")

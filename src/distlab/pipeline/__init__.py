@@ -13,6 +13,8 @@ A pipeline runs inside one process group (`group=`, None for the whole world; or
 - `zero_bubble`: the backward split into B (input gradient) and W (weight gradient), and the orders that
   put the W's into the bubble: `zb_h1_order` (Qi et al. 2023) and `zbv_order` (Qi et al. 2024);
   `torch_orders`: PyTorch's own zero-bubble orders, built without running them, beside ours.
+- `dualpipe_v`: DualPipeV (DeepSeek-AI 2024), overlapped F&B pairs on the V placement, beside torch's
+  `ScheduleDualPipeV` and ZB-V; `dualpipe_v_figures`: its timeline beside ZB-V's.
 - `cost_model`: the closed forms, `bubble_fraction`, `predicted_peak_stash`, `zero_bubble_idle` and
   `zero_bubble_fraction`.
 - `validate`: check a schedule on paper (F before B, each once, sends matched, no deadlock on gloo or NCCL).

@@ -8,7 +8,7 @@ for that schedule: compute takes exactly t_f or t_b, messages take t_comm, and n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distlab.pipeline.actions import COMPUTE, Action, Schedule, message_key
@@ -26,7 +26,8 @@ class Event:
 
 
 def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0,
-             rendezvous: bool = False, t_w: float = 0.0) -> list[Event]:
+             rendezvous: bool = False, t_w: float = 0.0,
+             duration: Callable[[int, Action], float] | None = None) -> list[Event]:
     """The timeline of `schedule` when a forward of one stage on one microbatch takes t_f, a backward
     t_b and a message t_comm.
 
@@ -41,11 +42,13 @@ def simulate(schedule: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: flo
     rendezvous=True a rank also waits until its sends have been received, the strictest semantics (NCCL
     with large messages); a schedule that finishes under it cannot deadlock on any backend.
     A schedule that cannot finish raises `DeadlockError`.
+    duration: if given, the time of each compute action, `duration(rank, action)`, instead of the
+    per-op times (DualPipeV's overlapped pairs take less than their parts; `dualpipe_v`).
     With v chunks per rank, t_f and t_b are per chunk: pass (whole-rank time) / v to compare schedules
     on the same model.
     """
     durations = {"F": t_f, "B": t_b if schedule.split_backward else t_b + t_w, "W": t_w}
-    sim = _Simulation(schedule, durations, t_comm, rendezvous)
+    sim = _Simulation(schedule, durations, t_comm, rendezvous, duration)
     while not sim.finished():
         if not any([sim.advance(r) for r in range(schedule.p)]):
             stuck = {r: str(a) for r, a in sim.next_actions().items()}
@@ -59,8 +62,8 @@ class _Simulation:
     each message was posted. `durations[op]` is the time of a compute op (one row per kind of compute)."""
 
     def __init__(self, schedule: Schedule, durations: dict[str, float], t_comm: float,
-                 rendezvous: bool) -> None:
-        self.acts, self.durations = schedule.actions, durations
+                 rendezvous: bool, duration: Callable[[int, Action], float] | None = None) -> None:
+        self.acts, self.durations, self.duration = schedule.actions, durations, duration
         self.t_comm, self.rendezvous = t_comm, rendezvous
         self.clock = [0.0] * schedule.p
         self.pos = [0] * schedule.p
@@ -90,7 +93,7 @@ class _Simulation:
         return moved
 
     def _compute(self, r: int, a: Action) -> None:
-        end = self.clock[r] + self.durations[a.op]
+        end = self.clock[r] + (self.durations[a.op] if self.duration is None else self.duration(r, a))
         self.events.append(Event(r, a, self.clock[r], end))
         self.clock[r] = end
         self.pos[r] += 1
