@@ -5,9 +5,10 @@ group of 4 only, so the code also runs on a sub-group of a larger world) and on 
 (1e-10, as tests/test_tensor_parallel.py: only the order of additions differs):
 - a sequence-parallel ParallelGPT with overlapped layers (attention and MLP) against the dense GPT on one
   process (logits, loss, every gradient);
-- the bytes: per layer and phase, what the ring's sends carry equals what chapter 5's blocking all-gathers
-  and reduce-scatters send (their records as `cost_model.expected_records` derives them and
-  tests/test_tensor_parallel.py checks them against a log; `ring_bytes`), forward and backward;
+- the bytes (on the groups of 2 and 3): per layer and phase, what the ring's sends carry equals what
+  chapter 5's blocking all-gathers and reduce-scatters send (their records as
+  `cost_model.expected_records` derives them and tests/test_tensor_parallel.py checks them against a
+  log; `ring_bytes`), forward and backward;
 - `all_gather_matmul` / `matmul_reduce_scatter` against torch's own reference of its fused ops
   (`_fused_all_gather_matmul_fallback`, `_fused_matmul_reduce_scatter_fallback`);
 - a sequence that p does not divide raises the same ValueError on every rank.
@@ -16,6 +17,8 @@ needs CUDA GPUs (marked `gpu`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -56,7 +59,7 @@ def _shard(state: dict, model: ParallelGPT, rank: int, p: int) -> dict:
     return out
 
 
-def _gpt_step(dense: GPT, reference: dict, group) -> tuple[dict, dict, object]:
+def _gpt_step(dense: GPT, reference: dict, group, counted: bool) -> tuple[dict, dict, object]:
     """One step of an overlapped sequence-parallel ParallelGPT holding this rank's shard of `dense`: what it
     computed, the dense model's values for this rank, and the comm log."""
     p, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -64,7 +67,7 @@ def _gpt_step(dense: GPT, reference: dict, group) -> tuple[dict, dict, object]:
     model.load_state_dict(_shard(dense.state_dict(), model, rank, p))
     overlap_collective_matmuls(model)
     idx, targets = make_batch(CONFIG, BATCH, SEQ, 1)
-    with comm_log() as log:
+    with comm_log() if counted else contextlib.nullcontext() as log:
         logits, loss = model(idx, targets)
         loss.backward()
         model.allreduce_sequence_parallel_grads()
@@ -112,7 +115,9 @@ def _on_ranks():
     for p, group in groups.items():
         if dist.get_rank() >= p:
             continue
-        ours, want, log = _gpt_step(dense, reference, group)
+        # the bytes are counted on the groups of 2 and 3: a comm_log (a dispatch mode) costs a process a
+        # one-time import of torch._dynamo, many seconds on a loaded machine, which rank 3 is spared
+        ours, want, log = _gpt_step(dense, reference, group, counted=p in (2, 3))
         errors = []
         for bad_seq in (5, 7):  # p = 2, 3, 4 do not divide one of them; a plain ValueError on every rank
             if bad_seq % p:
@@ -121,9 +126,11 @@ def _on_ranks():
                 errors.append(str(err.value))
         results[p] = {
             "dense": compare(ours, want, dtype=torch.float64, label=f"p={p}", against="one process"),
-            "sends": _layer_bytes(log, "send"), "recvs": sum(r.nbytes for r in log.select(op="recv")),
+            "counted": log is not None,
+            "sends": _layer_bytes(log, "send") if log else {},
+            "recvs": sum(r.nbytes for r in log.select(op="recv")) if log else 0,
             "layer_collectives_left": len([r for r in log.select(op=("all_gather", "reduce_scatter"))
-                                           if r.where.startswith("h.")]),
+                                           if r.where.startswith("h.")]) if log else 0,
             "torch": _against_torch(group), "errors": errors}
     return results
 
@@ -141,14 +148,17 @@ def test_collective_matmul_parity_bytes_and_errors_on_1_to_4_ranks():
             res["dense"].assert_passed()
             assert res["torch"] < 1e-10, (p, rank, res["torch"])
             assert res["layer_collectives_left"] == 0  # every layer's all-gather / reduce-scatter is a ring
+            for message in res["errors"]:
+                assert "not divisible by tensor-parallel size" in message and "c_proj" in message, message
+            assert len(res["errors"]) == {1: 0, 2: 2, 3: 2, 4: 2}[p]
+            assert res["counted"] == (p in (2, 3))
+            if not res["counted"]:
+                continue
             # per layer and phase: the ring's sends carry exactly what the blocking collectives send
             assert res["sends"] == blocking, (p, rank)
             assert res["recvs"] == sum(res["sends"].values())
             # 2 sub-blocks x (1 all-gather + 1 reduce-scatter) x 2 phases, each (p-1)/p of b s h elements
             assert sum(res["sends"].values()) == 8 * (p - 1) / p * BATCH * SEQ * CONFIG.n_embd * 8
-            for message in res["errors"]:
-                assert "not divisible by tensor-parallel size" in message and "c_proj" in message, message
-            assert len(res["errors"]) == {1: 0, 2: 2, 3: 2, 4: 2}[p]
 
 
 def test_overlapped_layers_on_one_process_and_bad_arguments():
