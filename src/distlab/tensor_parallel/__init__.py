@@ -18,9 +18,18 @@ idea per file:
 - `cost_model`: the collectives of a step derived from the shapes, bytes on the wire, the ring cost model.
 - `bench`: our parallel MLP timed beside PyTorch's ColwiseParallel / RowwiseParallel.
 - `figures`: the chapter's pictures; `exercises`: the check of the lab's exercise.
+- `collective_matmul`: the sequence-parallel all-gather and reduce-scatter decomposed into ring steps
+  overlapped with the matmuls (Wang et al. 2023): `all_gather_matmul`, `matmul_reduce_scatter`,
+  `overlap_collective_matmuls`; `overlap_cost`, when that pays; `overlap_bench`, blocking beside
+  overlapped, measured with profiler traces.
 - `python -m distlab.tensor_parallel` (also under torchrun): the parity check and the byte count.
 """
 
+from distlab.tensor_parallel.collective_matmul import (
+    all_gather_matmul,
+    matmul_reduce_scatter,
+    overlap_collective_matmuls,
+)
 from distlab.tensor_parallel.comm import (
     all_gather_seq,
     f,
@@ -62,4 +71,7 @@ __all__ = [
     "reduce_scatter_seq",
     "shard_state_dict",
     "vocab_parallel_cross_entropy",
+    "all_gather_matmul",
+    "matmul_reduce_scatter",
+    "overlap_collective_matmuls",
 ]

@@ -22,6 +22,7 @@ from torch import Tensor
 from distlab.comm_log import CommRecord, comm_log
 from distlab.models import GPT, GPTConfig
 from distlab.parity import ParityReport, compare
+from distlab.tensor_parallel.collective_matmul import overlap_collective_matmuls
 from distlab.tensor_parallel.comm import Group, gather_last_dim
 from distlab.tensor_parallel.model import ParallelGPT, grads_of, shard_state_dict
 
@@ -57,16 +58,19 @@ def make_batch(config: GPTConfig, batch: int, seq: int, seed: int) -> tuple[Tens
 def compare_with_dense(config: GPTConfig, batch: int = 2, seq: int = 8, seed: int = 0,
                        dtype: torch.dtype = torch.float64, sequence_parallel: bool = False,
                        device: torch.device | str = "cpu", *, group: Group = None,
-                       targets: Tensor | None = None) -> TPParityReport:
+                       targets: Tensor | None = None, collective_matmul: bool = False) -> TPParityReport:
     """One forward and backward step of GPT and of ParallelGPT (tensor-parallel over `group`, None = the
     world or one process) on the same weights and batch; the differences on this rank. Call it on every
     rank of `group` (it runs collectives). `targets` replaces the batch's next tokens (e.g. with some
-    set to -100, which both models ignore)."""
+    set to -100, which both models ignore). `collective_matmul=True` (with sequence parallelism) runs
+    the layers as overlapped collective matmuls (`collective_matmul.overlap_collective_matmuls`)."""
     torch.manual_seed(seed)
     dense = GPT(config).to(device=device, dtype=dtype)
     idx, next_tokens = (t.to(device) for t in make_batch(config, batch, seq, seed + 1))
     targets = next_tokens if targets is None else targets.to(device)
     model = ParallelGPT.from_dense(dense, group=group, sequence_parallel=sequence_parallel)
+    if collective_matmul:
+        overlap_collective_matmuls(model)
 
     logits_ref, loss_ref = dense(idx, targets)
     loss_ref.backward()
