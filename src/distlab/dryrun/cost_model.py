@@ -6,9 +6,10 @@ Rajbhandari et al. 2020) and chapter 7's `memory.estimator.estimate` (parameters
 and the saved activations of the first pipeline stage; Korthikanti et al. 2022) for the same layout, and
 `agreement` sets a dry run's measurements beside them as relative differences.
 
-Chapter 7's estimator describes the pipeline stage that holds the most: the first (the embedding and p
-micro-batches in flight under 1F1B). Its memory is compared on that stage's ranks; the traffic is
-compared on every rank.
+Chapter 7's estimator gives the model states of the pipeline stage that holds the most parameters, the
+first (the embedding, and the extra block of an uneven split), and the saved activations of every stage
+(`stage_activations`: min(m, p - s) micro-batches in flight on stage s under 1F1B, the head's on the
+last). Memory is compared on the first stage's ranks; the traffic on every rank.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.dryrun.layouts import DryLayout, estimator_config
-from distlab.memory.estimator import MemoryEstimate, estimate
+from distlab.memory.estimator import MemoryEstimate, estimate, stage_activations
 from distlab.parallel3d.cost_model import Traffic, predicted_traffic
 
 __all__ = ["Agreement", "Prediction", "agreement", "predicted", "relative"]
@@ -26,22 +27,25 @@ MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
 
 @dataclass(frozen=True)
 class Prediction:
-    """Chapter 9's traffic for the rank's stage and chapter 7's memory for the layout (`estimate`)."""
+    """Chapter 9's traffic for the rank's stage; chapter 7's model states for the layout (`estimate`: the
+    stage that holds the most, the first) and its saved activations for the rank's stage."""
 
     traffic: Traffic
     memory: MemoryEstimate
+    stage_activations: float
 
     def memory_bytes(self) -> dict[str, float]:
         m = self.memory
         return {"params": m.params_bytes, "grads": m.grads_bytes, "optimizer": m.optimizer_bytes,
-                "activations": m.activations_bytes}
+                "activations": self.stage_activations}
 
 
 def predicted(layout: DryLayout, rank: int, dtype_bytes: int = 4) -> Prediction:
     """The closed forms for rank `rank` of `layout` (float32: 4 bytes per element)."""
     stage = layout.coords(rank)["pp"]
     traffic = predicted_traffic(layout.config, layout.plan, layout.batch, layout.seq, stage, dtype_bytes)
-    return Prediction(traffic, estimate(estimator_config(layout)))
+    c = estimator_config(layout)
+    return Prediction(traffic, estimate(c), stage_activations(c)[stage][1])
 
 
 def relative(measured: float, model: float) -> float:

@@ -11,9 +11,10 @@ untied output; Dubey et al. 2024, sec. 3.2) and `describe` says so. Three adjust
 
 - the vocabulary is padded to a multiple of tp, as Megatron-LM pads it (its `--make-vocab-size-divisible-by`),
   because each tensor-parallel rank holds V/tp rows;
-- the schedule is 1F1B: the trainer has no interleaved schedule (Megatron's v chunks per rank), so a row
-  with `interleave > 1` runs its plain 1F1B equivalent, the same bytes per step on dp and tp and the same
-  number of pipeline messages per stage boundary;
+- the schedule is 1F1B: the trainer has no interleaved schedule (Megatron's v model chunks per rank), so
+  a row with `interleave > 1` runs plain 1F1B: the same bytes on dp and tp, but v times fewer pipeline
+  messages (an interleaved step crosses each of a rank's v chunk boundaries; Narayanan et al. 2021,
+  sec. 2.2) and fewer micro-batches in flight on the first stage;
 - context parallelism is not in the trainer: a row with cp > 1 (Llama 3 at 128K tokens) is refused.
 
 `layers=` runs the same layout at reduced depth (at least pp blocks), which the tests use to stay fast.
@@ -21,7 +22,7 @@ untied output; Dubey et al. 2024, sec. 3.2) and `describe` says so. Three adjust
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from distlab.memory.estimator import MemoryConfig
 from distlab.models import GPTConfig
@@ -103,24 +104,16 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
     return DryLayout(name, config, plan, batch, spec.seq, f"{run.source}, {run.where}", note)
 
 
-def small(layout: DryLayout, **changes: object) -> DryLayout:
-    """A copy of `layout` with fields of its config or plan replaced (for tests and the lab)."""
-    config_fields = {k: v for k, v in changes.items() if hasattr(layout.config, k)}
-    plan_fields = {k: v for k, v in changes.items() if hasattr(layout.plan, k)}
-    rest = {k: v for k, v in changes.items() if k in ("batch", "seq", "name")}
-    return replace(layout, config=replace(layout.config, **config_fields),
-                   plan=replace(layout.plan, **plan_fields), **rest)
-
-
 def estimator_config(layout: DryLayout) -> MemoryConfig:
     """Chapter 7's `MemoryConfig` for the same layout: the trainer's float32 Adam (4 + 4 + 8 bytes per
-    parameter, precision "fp32"), no recomputation, no dropout, 1F1B with m micro-batches, the uneven
-    split of `parallel3d.config.block_ranges` when pp does not divide the layers."""
+    parameter, precision "fp32"), no recomputation, no dropout, 1F1B with m micro-batches, and the split
+    of `parallel3d.config.block_ranges` (given even when it is even, so that the estimator answers per
+    stage: `estimator.stage_activations`)."""
     c, p = layout.config, layout.plan
-    split = tuple(len(r) for r in block_ranges(c.n_layer, p.pp))
+    split = tuple(len(r) for r in block_ranges(c.n_layer, p.pp))  # given even when even: per-stage answers
     return MemoryConfig(layers=c.n_layer, hidden=c.n_embd, heads=c.n_head, vocab=c.vocab_size,
                         seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), dp=p.dp, tp=p.tp, pp=p.pp,
                         zero=p.zero_stage,
                         precision="fp32", recompute="none", schedule="1f1b", microbatches=p.m,
                         attention="math", dropout=False,
-                        layer_split=None if len(set(split)) == 1 else split)
+                        layer_split=split)
