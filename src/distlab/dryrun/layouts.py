@@ -106,7 +106,9 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
 
 def estimator_config(layout: DryLayout) -> MemoryConfig:
     """Chapter 7's `MemoryConfig` for the same layout: the trainer's float32 Adam (4 + 4 + 8 bytes per
-    parameter, precision "fp32"), no recomputation, no dropout, 1F1B with m micro-batches, and the split
+    parameter, precision "fp32"), no recomputation, no dropout, attention's math path (on the meta device
+    `F.scaled_dot_product_attention` has no flash kernel: it saves the a s^2 b probabilities, where a real
+    CPU or GPU run saves a log-sum-exp), 1F1B with m micro-batches, and the split
     of `parallel3d.config.block_ranges` (given even when it is even, so that the estimator answers per
     stage: `estimator.stage_activations`)."""
     c, p = layout.config, layout.plan
