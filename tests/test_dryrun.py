@@ -90,3 +90,24 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--published", "bloom-176b", "--rank", "3", "--layers", "12", "--microbatches", "1"]) == 0
     out = capsys.readouterr().out
     assert "rank 3 of bloom-176b at (pp, dp, tp) = (0, 0, 3)" in out and out.rstrip().endswith(": ok")
+
+
+def test_the_comm_log_records_fake_collectives_on_fake_tensors_too() -> None:
+    """The house's log sees a fake world's calls on meta tensors (what dry_run uses) and under
+    FakeTensorMode (torch.compile's fake tensors), with the mesh axis, the group size and B."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from distlab.comm_log import comm_log
+    from distlab.mesh import grid
+
+    with fake_world(5, 16384):
+        mesh = grid(pp=16, dp=128, tp=8)
+        with comm_log(mesh=mesh) as log:
+            dist.all_reduce(torch.empty(1024, device="meta"), group=mesh["tp"].get_group())
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                x = torch.empty(256, dtype=torch.bfloat16)
+                out = torch.empty(256 * 128, dtype=torch.bfloat16)
+                dist.all_gather_single(out, x, group=mesh["dp"].get_group())
+    assert [(r.op, r.axis, r.group_size, r.nbytes) for r in log.records] == [
+        ("all_reduce", "tp", 8, 4096), ("all_gather", "dp", 128, 256 * 128 * 2)]
