@@ -16,7 +16,7 @@ the meta device. What it returns is read from what the code did, not from a form
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -58,7 +58,6 @@ class DryRun:
     memory: HeldBytes
     control_calls: int = 0
     seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 def summarize(log: CommLog) -> tuple[list[AxisCalls], int]:
