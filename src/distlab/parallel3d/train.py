@@ -103,6 +103,7 @@ class Trainer3D:
         self.shapes = {s: shape for s in range(1, plan.pp)}
         self.module = nn.Sequential(*self.model.layers)
         self.step = 0
+        self.last_run = None  # the executor's `RankRun` of the last step (its peak stash: a dry run reads it)
         self.first_grads: dict[str, Tensor] = {}
 
     def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:
@@ -116,8 +117,8 @@ class Trainer3D:
         rows = shard(self.batch, self.coords["dp"], plan.dp)
         xs, ys = split_microbatches(idx[rows], targets[rows], plan.m)
         with log:
-            run = run_schedule(self.schedule, {stage: self.module}, xs, ys, self._loss, self.shapes,
-                               self.groups["pp"], self.device, self.dtype)
+            run = self.last_run = run_schedule(self.schedule, {stage: self.module}, xs, ys, self._loss,
+                                               self.shapes, self.groups["pp"], self.device, self.dtype)
             if plan.pp > 1 and (model.is_first or model.is_last):  # the stages in between hold no copy
                 with log.where(TIED_GRAD):
                     tie_embedding_gradients(model.wte.weight, self.schedule, self.groups["pp"], stage)

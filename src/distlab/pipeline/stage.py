@@ -32,6 +32,12 @@ import torch
 from torch import Tensor, nn
 
 
+def _storage(t: Tensor) -> int:
+    """The identity of `t`'s storage: its address, except on the meta device (a dry run), where every
+    storage has address 0 and the C++ storage object tells them apart."""
+    return t.untyped_storage()._cdata if t.is_meta else t.untyped_storage().data_ptr()
+
+
 class Stage:
     """Model chunk `index` of `num_stages`, run on `m` microbatches; the last one applies `loss_fn`."""
 
@@ -47,7 +53,7 @@ class Stage:
         self.grad_inputs: dict[int, Tensor] = {}
         self.saved_bytes: dict[int, int] = {}
         self.losses: dict[int, float] = {}
-        self._weights = {q.untyped_storage().data_ptr() for q in module.parameters()}
+        self._weights = {_storage(q) for q in module.parameters()}
 
     @property
     def is_first(self) -> bool:
@@ -63,11 +69,12 @@ class Stage:
         if not self.is_first:
             x = x.requires_grad_()
             self.inputs[mb] = x
-        seen: set[tuple[int, int]] = set()
+        seen: set[tuple[int, int, int]] = set()
 
         def pack(t: Tensor) -> Tensor:  # count each stored activation once; weights are not stash
-            if t.untyped_storage().data_ptr() not in self._weights and (t.data_ptr(), t.nbytes) not in seen:
-                seen.add((t.data_ptr(), t.nbytes))
+            key = (_storage(t), t.storage_offset(), t.nbytes)  # (data_ptr, nbytes), also on the meta device
+            if key[0] not in self._weights and key not in seen:
+                seen.add(key)
                 self.saved_bytes[mb] = self.saved_bytes.get(mb, 0) + t.nbytes
             return t
 
@@ -78,7 +85,7 @@ class Stage:
                 out = self.module(x)
                 if self.is_last:
                     out = self.loss_fn(out, target) / self.m
-                    self.losses[mb] = out.item() * self.m
+                    self.losses[mb] = float("nan") if out.is_meta else out.item() * self.m  # meta: a dry run
         finally:
             for hook in hooks:
                 hook.remove()

@@ -74,6 +74,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "idx", ignore_inde
     if ids.dtype not in allowed:
         raise TypeError(f"{name} has dtype {ids.dtype}; token ids must be integers of dtype "
                         f"{' or '.join(map(str, allowed))}: convert with {name}.long()")
+    if ids.is_meta:  # a dry run on the meta device (chapter 12): shapes only, no ids to check
+        return
     bad = (ids < 0) | (ids >= vocab_size)
     if ignore_index is not None:
         bad &= ids != ignore_index

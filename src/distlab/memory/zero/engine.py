@@ -271,6 +271,8 @@ class ZeRO:
         flags = used.to(self.units[0].flat.device, torch.int32)
         with where(CONTROL):
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        if flags.is_meta:  # a dry run (chapter 12): no values come back; every rank's flags are this rank's
+            flags = used
         out, k = [], 0
         for unit in self.units:
             m = len(unit.layout.params)

@@ -1,0 +1,31 @@
+"""Chapter 12: dry runs at scale. One rank of a published layout of thousands of GPUs, run on a laptop.
+
+Torch's fake process group makes this process rank r of n ranks (collectives return at once, send
+nothing); the meta device gives tensors shapes but no storage. Chapter 9's 3D trainer (with chapter 7's
+ZeRO) then runs one step of a published model as that rank, and what its code calls and holds is
+recorded, not predicted. One idea per file:
+
+- `fake_world`: `fake_world(rank, world_size)`, the fake process group for the length of a block;
+- `layouts`: `DryLayout` and `from_published(name, layers=, microbatches=)`, a row of
+  `distlab.plan.published` as a `GPTConfig`, a `Plan3D` and a batch; `estimator_config`, the same layout
+  for chapter 7's estimator;
+- `held`: the bytes one rank holds (parameters, gradients, Adam's state) counted by storage identity, which
+  works on meta tensors;
+- `run`: `dry_run(layout, rank)`, one step as one rank: its calls per axis (`distlab.comm_log`), chapter
+  9's transfers and the memory it held (activations: the executor's peak of saved tensors);
+- `cost_model`: `predicted(layout, rank)` from chapter 9's traffic model and chapter 7's estimator, and
+  `agreement`, measured beside predicted;
+- `parity`: `small_world_check`, the same step on a few real ranks equal to one process, and the dry run
+  equal to the real run call for call;
+- `report`: the tables the command line and the lab print;
+- `__main__`: `python -m distlab.dryrun --published llama3-405b-16k --rank 5`.
+"""
+
+from distlab.dryrun.cost_model import Agreement, Prediction, agreement, predicted
+from distlab.dryrun.fake_world import fake_world
+from distlab.dryrun.held import HeldBytes
+from distlab.dryrun.layouts import DryLayout, dry_run_names, estimator_config, from_published
+from distlab.dryrun.run import AxisCalls, DryRun, dry_run
+
+__all__ = ["Agreement", "AxisCalls", "DryLayout", "DryRun", "HeldBytes", "Prediction", "agreement",
+           "dry_run", "dry_run_names", "estimator_config", "fake_world", "from_published", "predicted"]
