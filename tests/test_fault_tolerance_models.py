@@ -1,4 +1,4 @@
-"""Chapter 11's closed forms, without ranks: HSDP's bytes and time on a cluster, and goodput under failures."""
+"""Chapter 11's closed forms without ranks: HSDP's bytes and time on a cluster, goodput under failures."""
 
 from __future__ import annotations
 
@@ -60,3 +60,18 @@ def test_goodput_refuses_bad_input() -> None:
         goodput.mtbf_from_rate(0)
     with pytest.raises(ValueError, match=r"shard=0 must be a positive integer"):
         cost_model.per_rank_bytes(1e9, 2, 0)
+
+
+def test_the_exercise_check_passes_the_formula_and_reports_a_stub() -> None:
+    from distlab.fault_tolerance.exercises import check_healing_fraction
+
+    def right(mtbf, step_s, detect, heal, replicas, replace):  # type: ignore[no-untyped-def]
+        return max(0.0, 1.0 - (detect + step_s + (replace + heal) / replicas) / mtbf)
+
+    def stub(*args):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("Your turn")
+
+    assert check_healing_fraction(right).passed
+    wrong = check_healing_fraction(lambda m, t, d, h, r, rr: 1.0 - (d + t + rr + h) / m)
+    assert not wrong.passed and "(t_r + t_h) / R" in str(wrong)
+    assert check_healing_fraction(stub).not_written
