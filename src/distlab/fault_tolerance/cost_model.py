@@ -25,6 +25,7 @@ so none shares a NIC there).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -78,23 +79,28 @@ def model_state_bytes(psi: float, replicate: int, shard: int, k: float = 16.0) -
     return psi * k / _positive_int("shard", shard)
 
 
+@lru_cache(maxsize=32)
+def _cluster(server: str, nodes: int) -> Cluster:
+    """One cluster per (server, nodes): building a topology and its paths is the slow part."""
+    return Cluster(server, _positive_int("nodes", nodes))
+
+
 def zero3_time(server: str, nodes: int, psi: float, b: float = 2.0,
                algorithm: str = "two_level_ring") -> float:
     """Seconds of ZeRO-3's communication per step over every GPU of `nodes` servers: three collectives,
     each half of a ring all-reduce of Psi b bytes on the chapter-8 `algorithm` (Patarasuk & Yuan 2009)."""
-    cluster = Cluster(server, _positive_int("nodes", nodes))
-    return float(1.5 * predict_all_reduce(cluster, psi * b, algorithm))
+    return float(1.5 * predict_all_reduce(_cluster(server, nodes), psi * b, algorithm))
 
 
 def hsdp_time(server: str, nodes: int, psi: float, b: float = 2.0) -> dict[str, float]:
     """Seconds of HSDP's communication per step with one replica group per server (S = m, R = nodes):
     three collectives inside a server, and one all-reduce of the 1/m slice across the servers."""
     n = _positive_int("nodes", nodes)
-    one = Cluster(server, 1)
+    one = _cluster(server, 1)
     inside = 1.5 * float(predict_all_reduce(one, psi * b, "two_level_ring"))
     across = 0.0
     if n > 1:
-        cluster = Cluster(server, n)
+        cluster = _cluster(server, n)
         across = float(ring_all_reduce_time(cluster.topology, [cluster.gpu(k, 0) for k in range(n)],
                                             psi * b / cluster.gpus_per_node))
     return {"inside": inside, "across": across, "total": inside + across}
@@ -106,7 +112,7 @@ def compare_on_cluster(server: str, nodes_list: Sequence[int], psi: float, b: fl
     GB per GPU (the lab's table and figure)."""
     rows = []
     for n in nodes_list:
-        m = Cluster(server, 1).gpus_per_node
+        m = _cluster(server, 1).gpus_per_node
         h = hsdp_time(server, n, psi, b)
         rows.append({"nodes": n, "gpus": n * m, "zero3_s": zero3_time(server, n, psi, b),
                      "zero3_flat_s": zero3_time(server, n, psi, b, "flat_ring"),

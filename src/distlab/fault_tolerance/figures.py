@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -29,7 +30,7 @@ def hsdp_cluster_figure(server: str = "DGX H100", psi: float = 7e9,
     against ZeRO-3 over every GPU, for a model of `psi` parameters in bf16 with mixed-precision Adam."""
     rows = cost_model.compare_on_cluster(server, nodes, psi)
     n = [r["nodes"] for r in rows]
-    fig = Figure(figsize=(7.6, 2.9))
+    fig = plt.figure(figsize=(7.6, 2.9))
     ax, mem = fig.subplots(1, 2)
     ax.plot(n, [r["zero3_flat_s"] for r in rows], "o-", color=GREY, label="ZeRO-3, flat ring")
     ax.plot(n, [r["zero3_s"] for r in rows], "o-", color=VERMILION, label="ZeRO-3, two-level rings")
@@ -54,7 +55,7 @@ def replica_loss_figure(losses: Mapping[int, float], survivors: Sequence[float],
                         kill_step: int, join_step: int | None = None) -> Figure:
     """The run with a killed replica (dots) on the curve of one process trained on the survivors' data;
     one process on every replica's data for contrast."""
-    fig = Figure(figsize=(5.6, 2.8))
+    fig = plt.figure(figsize=(5.6, 2.8))
     ax = fig.subplots()
     steps = sorted(losses)
     ax.plot(range(len(everyone)), everyone, "-", color=GREY, label="one process, every replica's data")
@@ -84,7 +85,7 @@ def goodput_figure(failures_per_day: float = 10.0, checkpoint_s: float = 60.0, r
              for r, c in zip(RATES, ckpt, strict=True)]
     heal = [goodput.healing_goodput(goodput.mtbf_from_rate(r), step_s, detect_s, heal_s, replicas,
                                     replace_s)["steps_per_hour"] for r in RATES]
-    fig = Figure(figsize=(5.6, 3.0))
+    fig = plt.figure(figsize=(5.6, 3.0))
     ax = fig.subplots()
     ax.axhline(3600 / step_s, color=GREY, lw=1, ls=":", label="no failures")
     ax.plot(RATES, [c["steps_per_hour"] for c in ckpt], color=VERMILION, label="checkpoint-restart, Daly")

@@ -125,7 +125,7 @@ class QuorumClient:
     (the heartbeat thread needs another: pass `beat_store`)."""
 
     def __init__(self, store: dist.Store, beat_store: dist.Store, replica: int, replicas: int,
-                 min_replicas: int = 1, heartbeat_interval: float = 0.05, heartbeat_timeout: float = 0.5,
+                 min_replicas: int = 1, heartbeat_interval: float = 0.05, heartbeat_timeout: float = 1.0,
                  join_timeout: float = 20.0) -> None:
         check_quorum_config(replicas, min_replicas, heartbeat_interval, heartbeat_timeout, join_timeout)
         if isinstance(replica, bool) or not isinstance(replica, int) or not 0 <= replica < replicas:

@@ -47,7 +47,7 @@ class ReplicaConfig:
     join: tuple[int, int] | None = None
     min_replicas: int = 1
     heartbeat_interval: float = 0.05
-    heartbeat_timeout: float = 0.5
+    heartbeat_timeout: float = 1.0
     join_timeout: float = 20.0
     collective_timeout: float = 5.0
     seed: int = 0
