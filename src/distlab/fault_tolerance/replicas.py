@@ -128,7 +128,8 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
         if me not in q.members:
             round_, expected = client.next_round(), ()
             continue
-        if expected and set(expected) - set(q.members) and log.detect_s is None:
+        dropped = expected and set(expected) - set(q.members)
+        if dropped and log.detect_s is None and store.check(["killed_at"]):
             log.detect_s = time.time() - float(store.get("killed_at"))
         if q.quorum_id not in groups:
             groups = {q.quorum_id: heal.make_group(store, q, me, c.collective_timeout)}
