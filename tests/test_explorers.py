@@ -26,6 +26,7 @@ EXPLORERS = [  # (module, explorer, frame function)
     ("distlab.moe.figures", "moe_explorer", "moe_frame"),
     ("distlab.memory.figures", "estimator_explorer", "estimator_frame"),
     ("distlab.hardware.figures", "explorer", "explorer_frame"),
+    ("distlab.fault_tolerance.figures", "goodput_explorer", "goodput_frame"),
 ]
 
 

@@ -24,6 +24,7 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
 from distlab.context_parallel import figures as context_parallel
 from distlab.data_parallel import figures as data_parallel
+from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
@@ -151,6 +152,11 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "bytes per rank and predicted time per layer vs cp: ring, Ulysses and the hybrid, DGX H100"),
     BookFigure("pipeline-dualpipev.png", dualpipe_v.dualpipev_figure,
                "ZB-V and DualPipeV simulated, p=4, m=10, chunks carrying t_c=0.5; pairs outlined"),
+    # Chapter 11: fault tolerance (parts 1-2)
+    BookFigure("ft-hsdp-cluster.png", fault_tolerance.hsdp_cluster_figure,
+               "predicted communication per step and model states per GPU, HSDP vs ZeRO-3, 7B on DGX H100"),
+    BookFigure("ft-goodput.png", fault_tolerance.goodput_figure,
+               "useful steps per hour vs failure rate: checkpoint-restart (Daly, Young) vs healing replicas"),
 )
 
 

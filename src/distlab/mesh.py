@@ -37,11 +37,22 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 # Outermost first. pp: pipeline stages; dp: data-parallel replicas (and ZeRO shards); ep: expert
 # parallelism; cp: context parallelism (the sequence split over ranks); tp: tensor (and sequence) parallelism.
 AXIS_ORDER = ("pp", "dp", "ep", "cp", "tp")
+# HSDP (chapter 11) splits dp in two, in its place: replicas outside, ZeRO-3 shards inside
+# (torchtitan's names).
+DP_SPLIT = ("dp_replicate", "dp_shard")
 
 
 def _sizes(axes: dict[str, int | None], world_size: int | None) -> dict[str, int]:
     """The axes that were given, in AXIS_ORDER, checked; no axis given means dp = the whole world."""
-    chosen = {name: axes[name] for name in AXIS_ORDER if axes.get(name) is not None}
+    split = [a for a in DP_SPLIT if axes.get(a) is not None]
+    if split and axes.get("dp") is not None:
+        raise ValueError(f"dp={axes['dp']} and {split[0]}={axes[split[0]]} both given; dp_replicate x "
+                         "dp_shard is the dp axis split in two (HSDP): give dp, or both of them")
+    if split and len(split) == 1:
+        raise ValueError(f"{split[0]}={axes[split[0]]} given alone; HSDP needs both dp_replicate= and "
+                         "dp_shard= (use 1 for the one you do not split over)")
+    order = [n for a in AXIS_ORDER for n in (DP_SPLIT if a == "dp" and split else (a,))]
+    chosen = {name: axes[name] for name in order if axes.get(name) is not None}
     for name, size in chosen.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name}={size!r} must be a positive integer (the number of ranks along the "
@@ -81,13 +92,15 @@ def group_rank(group: dist.ProcessGroup | None = None, what: str = "process grou
 
 
 def layout(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
-           cp: int | None = None, ep: int | None = None) -> dict[str, list[list[int]]]:
+           cp: int | None = None, ep: int | None = None, dp_replicate: int | None = None,
+           dp_shard: int | None = None) -> dict[str, list[list[int]]]:
     """The groups of every axis, as lists of global ranks, computed without torch.distributed.
 
     `layout(dp=2, tp=2)` is {"dp": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}: rank r's coordinates are
     the row-major digits of r over the axes in AXIS_ORDER, exactly as `grid` (DeviceMesh) numbers them.
     """
-    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}, None)
+    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
+                    "dp_shard": dp_shard}, None)
     ranks = torch.arange(math.prod(sizes.values())).reshape(*sizes.values())
     groups = {}
     for dim, name in enumerate(sizes):  # the axis `name` is dimension `dim` of the tensor of ranks
@@ -99,7 +112,7 @@ def layout(*, dp: int | None = None, pp: int | None = None, tp: int | None = Non
 def coordinates(rank: int, **sizes: int) -> dict[str, int]:
     """Rank `rank`'s position along each axis of a grid of `sizes` (e.g. coordinates(5, dp=2, tp=4))."""
     chosen = _sizes(dict(sizes), None)
-    unknown = sorted(set(sizes) - set(AXIS_ORDER))
+    unknown = sorted(set(sizes) - set(AXIS_ORDER) - set(DP_SPLIT))
     if unknown:
         raise ValueError(f"unknown axis (axes) {unknown}; the axes are {list(AXIS_ORDER)}")
     total = math.prod(chosen.values())
@@ -112,11 +125,14 @@ def coordinates(rank: int, **sizes: int) -> dict[str, int]:
 
 
 def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None, cp: int | None = None,
-         ep: int | None = None, device_type: str | None = None) -> DeviceMesh:
+         ep: int | None = None, dp_replicate: int | None = None, dp_shard: int | None = None,
+         device_type: str | None = None) -> DeviceMesh:
     """The job's ranks as a DeviceMesh with named axes, e.g. `grid(dp=2, tp=2)` on 4 ranks.
 
     Only the axes you name are in the mesh (size 1 is allowed, and keeps the axis so that code can always
-    ask for `mesh["tp"]`); with none named, the mesh is one axis "dp" over the whole world. The product
+    ask for `mesh["tp"]`); with none named, the mesh is one axis "dp" over the whole world. HSDP (chapter
+    11) names `dp_replicate=` and `dp_shard=` instead of `dp=`: two axes in dp's place, replicas outside
+    and ZeRO-3 shards inside (torchtitan's names; `flat_group(mesh, *DP_SPLIT)` is the whole dp). The product
     of the sizes must equal the world size. `device_type` defaults to "cuda" under NCCL and "cpu" under
     gloo. Call it on every rank, in the same order as every other collective: creating the groups is
     itself a collective operation.
@@ -125,7 +141,8 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
         raise RuntimeError("grid() needs a process group, and none is initialised in this process: call "
                            "it inside a function started by distlab.launch.run(fn, world_size) or under "
                            "torchrun")
-    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}, dist.get_world_size())
+    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
+                    "dp_shard": dp_shard}, dist.get_world_size())
     if device_type is None:
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))

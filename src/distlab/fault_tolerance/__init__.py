@@ -1,0 +1,18 @@
+"""Chapter 11: training that survives failures and slow links.
+
+HSDP on the mesh, replica groups that agree on a quorum every step and heal from a live peer, and the
+methods that communicate every H steps instead of every step (local SGD, DiLoCo, streaming DiLoCo),
+checked against torchft.
+
+Parts 1-2, one idea per file:
+- `hsdp`: `hsdp(model, mesh)` (chapter 7's `fully_shard` over the mesh's dp_shard axis) and
+  `replica_all_reduce_` (the gradient average across replica groups, over dp_replicate).
+- `cost_model`: HSDP's bytes inside a replica group and across, memory, and time on a chapter-8 cluster
+  against ZeRO-3 over all ranks.
+- `quorum`: heartbeats, a quorum per round through a key-value store, and the commit vote.
+- `heal`: a fresh gloo group per quorum, and the training state sent point-to-point to a replica behind.
+- `replicas`: the data-parallel trainer that uses both (`run_replicas`, with a killed and a joining slot).
+- `goodput`: useful steps per hour under failures, checkpoint-restart (Young, Daly) against healing.
+- `parity`: HSDP and the healing run against one process (`distlab.reference`).
+- `figures`: the pictures and the goodput explorer of parts 1-2.
+"""

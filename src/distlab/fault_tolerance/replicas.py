@@ -1,0 +1,175 @@
+"""Replicas that heal: data-parallel training that goes on when a replica dies and takes it back later.
+
+`run_replicas(task, config)` starts one process per replica slot with `distlab.launch.run` (the replica
+that is killed is in `may_fail`). Each replica trains its slice of every step's batch (replica i takes
+rows i*b .. (i+1)*b - 1 of the `replicas` x b batch of the step) and, every step:
+
+1. agrees on a quorum with the others (`quorum.QuorumClient`); if it is behind the quorum's step it
+   heals from the quorum's source (`heal.recv_state`) before the step, and the source sends;
+2. computes its gradient and its loss and averages them over the quorum's members with one all-reduce
+   on the quorum's own gloo group (`heal.make_group`, a new one whenever the members change);
+3. votes; if every member voted ok the step is applied, otherwise (a member died mid-step, the
+   all-reduce failed) the step is redone in a new round without the dead.
+
+`config.kill = (replica, step)`: that replica SIGKILLs itself at that step after its backward, while the
+others wait for it in the all-reduce. `config.join = (replica, step)`: that slot stays out until the
+others have done that many steps, then checks in, heals and trains (a replacement for the dead one, or a
+new one). What the run must equal: one process whose batch at step t is the union of the slices of
+step t's quorum members (`parity.survivors_reference`): the average of equal-sized slices' mean losses
+is the mean loss of their union, and the quorum's averaged gradient is its gradient.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from distlab import launch, reference
+from distlab.fault_tolerance import heal
+from distlab.fault_tolerance.parity import LR, MOMENTUM
+from distlab.fault_tolerance.quorum import QuorumClient, check_quorum_config, connect
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One run: `replicas` slots, `per_replica` examples each per step, `steps` steps; a `kill` and a
+    `join` as (replica, step) or None; the quorum's timeouts in seconds."""
+
+    replicas: int = 3
+    per_replica: int = 8
+    steps: int = 6
+    kill: tuple[int, int] | None = None
+    join: tuple[int, int] | None = None
+    min_replicas: int = 1
+    heartbeat_interval: float = 0.05
+    heartbeat_timeout: float = 1.0
+    join_timeout: float = 20.0
+    collective_timeout: float = 5.0
+    seed: int = 0
+
+    def check(self) -> None:
+        check_quorum_config(self.replicas, self.min_replicas, self.heartbeat_interval,
+                            self.heartbeat_timeout, self.join_timeout)
+        for name in ("per_replica", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        for name in ("kill", "join"):
+            event = getattr(self, name)
+            if event is not None and not (0 <= event[0] < self.replicas and 0 < event[1] < self.steps):
+                raise ValueError(f"{name}={event!r} must be (replica, step) with a replica from 0 to "
+                                 f"{self.replicas - 1} and a step from 1 to {self.steps - 1}")
+        if self.kill and self.join and self.kill[0] == self.join[0]:
+            raise ValueError(f"kill={self.kill} and join={self.join} name the same slot; a killed process "
+                             "does not come back under launch.run: join another slot")
+        if self.kill and self.replicas - (self.join is not None) - 1 < self.min_replicas:
+            raise ValueError(f"kill={self.kill} leaves fewer than min_replicas={self.min_replicas} replicas; "
+                             "lower min_replicas or add replicas")
+
+
+@dataclass
+class ReplicaLog:
+    """What one replica saw: per committed step its loss (averaged over the quorum) and the quorum's
+    members; the rounds that did not commit; the times of detection and healing; its final parameters."""
+
+    replica: int
+    losses: dict[int, float] = field(default_factory=dict)
+    members: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    failed_rounds: list[int] = field(default_factory=list)
+    detect_s: float | None = None
+    heal_s: float | None = None
+    heal_bytes: int = 0
+    step_s: list[float] = field(default_factory=list)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _gradient_average(pg, model: nn.Module, loss: torch.Tensor, size: int) -> bool:  # type: ignore[no-untyped-def]
+    """All-reduce the gradients and the loss as one flat buffer; False if a member failed."""
+    params = [p for p in model.parameters()]
+    flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+    try:
+        pg.allreduce([flat]).wait()
+    except RuntimeError:
+        return False
+    flat /= size
+    start = 0
+    for p in params:
+        p.grad.copy_(flat[start:start + p.numel()].view_as(p))
+        start += p.numel()
+    loss.data.fill_(flat[-1])
+    return True
+
+
+def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
+    """One replica slot (launch rank = replica id); see the module docstring."""
+    me, c = launch.rank(), config
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store, beat = connect(host, port, "distlab-ft/"), connect(host, port, "distlab-ft/")
+    joiner = c.join is not None and c.join[0] == me
+    log = ReplicaLog(me)
+    model = task.build(c.seed)
+    optimizer = reference.SGD(model.parameters(), LR, momentum=MOMENTUM)
+    if joiner:  # a slot that starts later: wait until the others have done join-step steps
+        while int(store.add("progress", 0)) < c.join[1]:
+            time.sleep(0.005)
+    client = QuorumClient(store, beat, me, c.replicas, c.min_replicas, c.heartbeat_interval,
+                          c.heartbeat_timeout, c.join_timeout)
+    starting = tuple(r for r in range(c.replicas) if not (c.join and r == c.join[0]))
+    step, groups = (-1 if joiner else 0), {}
+    round_, expected = (client.next_round(), ()) if joiner else (0, starting)
+    asked = time.monotonic()
+    while step < c.steps:
+        q = client.quorum(round_, step, expected)
+        if me not in q.members:
+            round_, expected = client.next_round(), ()
+            continue
+        dropped = expected and set(expected) - set(q.members)
+        if dropped and log.detect_s is None and store.check(["killed_at"]):
+            log.detect_s = time.time() - float(store.get("killed_at"))
+        if q.quorum_id not in groups:
+            groups = {q.quorum_id: heal.make_group(store, q, me, c.collective_timeout)}
+        pg = groups[q.quorum_id]
+        if me in q.behind:
+            step = heal.recv_state(pg, q, model, optimizer)
+            log.heal_s = time.monotonic() - asked
+        elif me == q.source and q.behind:
+            log.heal_bytes += heal.send_state(pg, q, model, optimizer, step)
+        began = time.monotonic()
+        x, y = task.batch(step, c.replicas * c.per_replica, c.seed)
+        rows = slice(me * c.per_replica, (me + 1) * c.per_replica)
+        optimizer.zero_grad()
+        loss = task.loss(model, x[rows], y[rows])
+        loss.backward()
+        if c.kill == (me, step):
+            store.set("killed_at", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
+        ok = _gradient_average(pg, model, loss, len(q.members))
+        if client.should_commit(q, ok):
+            optimizer.step()
+            log.losses[step], log.members[step] = loss.item(), q.members
+            log.step_s.append(time.monotonic() - began)
+            step += 1
+            if me == q.source:
+                store.set("progress", str(step))
+        else:
+            log.failed_rounds.append(q.round)
+            groups = {}  # a group whose collective failed is not used again
+        round_, expected = round_ + 1, q.members
+    client.close()
+    log.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return log
+
+
+def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0
+                 ) -> list[ReplicaLog | launch.RankError]:
+    """Start `config.replicas` replica slots as ranks; the killed one may fail. Each slot's log (or,
+    for the killed one, its RankError), in replica order."""
+    config.check()
+    may_fail = [config.kill[0]] if config.kill else []
+    return launch.run(train_replica, config.replicas, task, config, backend="gloo", deadline=deadline,
+                      timeout=config.join_timeout, may_fail=may_fail)
