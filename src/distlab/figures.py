@@ -24,6 +24,7 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
 from distlab.context_parallel import figures as context_parallel
 from distlab.data_parallel import figures as data_parallel
+from distlab.fault_tolerance import curves as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
@@ -142,6 +143,9 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the K/V block each rank holds at each ring step and the blocks it computes, zig-zag, p=4"),
     BookFigure("cp-memory-vs-seq.png", context_parallel.memory_figure,
                "predicted saved bytes of one attention layer per rank vs sequence length, 32 heads x 128"),
+    # Chapter 11: fault tolerance (sections 3-4)
+    BookFigure("ft-break-even.png", fault_tolerance.break_even_figure,
+               "seconds per step of progress vs link speed, data parallelism vs DiLoCo, N = 1e9, R = 2"),
 )
 
 
