@@ -139,9 +139,21 @@ def on_ranks(recipe: Recipe, task: Task, steps: int, global_batch: int, seed: in
 
 def simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batch: int, seed: int = 0,
              dtype: torch.dtype = torch.float32) -> list[ReplicaRun]:
-    """The same training with the R replicas as a loop in one process: the reference for `on_ranks`."""
+    """The same training with the R replicas as a loop in one process: the reference for `on_ranks`.
+    Runs on one intra-op thread (restored after): the models are tiny, and on a busy two-core machine a
+    second thread makes every small kernel wait for it (ten times slower, measured)."""
     if recipe.method == "powersgd":
         raise ValueError("method='powersgd' runs on ranks only (a DDP hook); simulate dp or DiLoCo instead")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _simulate(recipe, task, replicas, steps, global_batch, seed, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batch: int, seed: int,
+              dtype: torch.dtype) -> list[ReplicaRun]:
     models = [task.build(seed).to(dtype) for _ in range(replicas)]
     inners = [inner_optimizer(recipe, list(m.parameters())) for m in models]
     names = [n for n, _ in models[0].named_parameters()]
