@@ -53,7 +53,7 @@ $(STAMP): pyproject.toml
 	@$(if $(TORCH_INDEX),:,$(NO_GPU_NOTICE))
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)" \
 	  --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[torchft]'
 	@touch $@
 
 # The kernel goes inside .venv (--sys-prefix), where the JupyterLab of this .venv finds it; nothing outside

@@ -83,8 +83,8 @@ def _toc_files() -> list[str]:
 
 def test_environment_lists_the_same_packages_with_the_same_pins() -> None:
     project = _pyproject()["project"]
-    gpu_extra = project["optional-dependencies"]["gpu"]
-    wanted = _by_name(project["dependencies"] + gpu_extra)
+    extras = [spec for extra in project["optional-dependencies"].values() for spec in extra]  # gpu, torchft
+    wanted = _by_name(project["dependencies"] + extras)
     conda, pip, _ = _environment_specs()
     have = _by_name(conda + [spec for spec in pip if not spec.startswith("-e")])
     missing = sorted(set(wanted) - set(have))

@@ -25,6 +25,7 @@ from distlab.collectives.traces import COLLECTIVES
 from distlab.context_parallel import figures as context_parallel
 from distlab.data_parallel import figures as data_parallel
 from distlab.fault_tolerance import figures as fault_tolerance
+from distlab.fault_tolerance import curves as fault_tolerance_curves
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
@@ -157,6 +158,9 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "predicted communication per step and model states per GPU, HSDP vs ZeRO-3, 7B on DGX H100"),
     BookFigure("ft-goodput.png", fault_tolerance.goodput_figure,
                "useful steps per hour vs failure rate: checkpoint-restart (Daly, Young) vs healing replicas"),
+    # Chapter 11: fault tolerance (sections 3-4)
+    BookFigure("ft-break-even.png", fault_tolerance_curves.break_even_figure,
+               "seconds per step of progress vs link speed, data parallelism vs DiLoCo, N = 1e9, R = 2"),
 )
 
 
