@@ -24,8 +24,8 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.collectives.traces import COLLECTIVES
 from distlab.context_parallel import figures as context_parallel
 from distlab.data_parallel import figures as data_parallel
-from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.fault_tolerance import curves as fault_tolerance_curves
+from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.moe import figures as moe
