@@ -15,17 +15,19 @@ Parts 1-2, one idea per file:
 - `goodput`: useful steps per hour under failures, checkpoint-restart (Young, Daly) against healing.
 - `parity`: HSDP and the healing run against one process (`distlab.reference`).
 - `figures`: the pictures and the goodput explorer of parts 1-2.
+
+Parts 3-4, communicating less and against torchft:
+- `local_sgd`: `LocalSGD`, average the parameters every H steps (and the checks of H and the outer lr).
+- `diloco`: `DiLoCo`, H inner steps, the averaged pseudo-gradient, an outer Nesterov step (`OuterSync`).
+- `streaming`: `StreamingDiLoCo`, K fragments synchronised at staggered steps, optionally in bfloat16.
+- `replica_loop`: `Recipe`; every method on ranks (`on_ranks`) and as a loop in one process (`simulate`).
+- `powersgd_run`: chapter 7's PowerSGD on the same task, for comparison.
+- `bandwidth`: bytes per step, step time, and the break-even link speed L*.
+- `torchft_compare`: torchft's own `LocalSGD` / `DiLoCo` on the same seed (`GroupManager`).
+- `quorum_kill`: torchft's `Manager` and lighthouse with one replica SIGKILLed.
+- `curves`: the loss curves of part 3 and the break-even figure.
 """
 
-# Sections 3 and 4 (communicating less; against torchft):
-#   local_sgd.py       LocalSGD: average the parameters every H steps; the shared checks of H and the outer lr
-#   diloco.py          DiLoCo: H inner steps, the averaged pseudo-gradient, an outer Nesterov step (OuterSync)
-#   streaming.py       StreamingDiLoCo: K fragments synchronised at staggered steps, optionally in bfloat16
-#   replica_loop.py    Recipe; every method on ranks (on_ranks) and as a loop in one process (simulate)
-#   powersgd_run.py    chapter 7's PowerSGD on the same task, for comparison
-#   bandwidth.py       bytes per step, step time, the break-even link speed L*
-#   torchft_compare.py torchft's LocalSGD / DiLoCo on the same seed (GroupManager)
-#   quorum_kill.py     torchft's Manager and lighthouse with one replica SIGKILLed
 from distlab.fault_tolerance.diloco import DiLoCo, OuterNesterov, OuterSync
 from distlab.fault_tolerance.local_sgd import LocalSGD
 from distlab.fault_tolerance.streaming import StreamingDiLoCo, layer_fragments
