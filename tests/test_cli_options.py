@@ -16,7 +16,7 @@ import pytest
 from distlab import cli_types
 
 ENTRY_POINTS = ["async_sgd", "collectives", "context_parallel", "data_parallel", "hardware", "memory", "moe",
-                "parallel3d", "pipeline", "plan", "tensor_parallel"]
+                "parallel3d", "pipeline", "plan", "tensor_parallel", "dryrun"]
 # the entry points that take their common options from distlab.cli_types (plan and memory adopt it later)
 ON_CLI_TYPES = [e for e in ENTRY_POINTS if e not in ("plan", "memory")]
 PROMISED = {"world_size": "--world-size", "seed": "--seed", "dtype": "--dtype", "steps": "--steps",
