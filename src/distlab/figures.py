@@ -26,6 +26,7 @@ from distlab.context_parallel import figures as context_parallel
 from distlab.data_parallel import figures as data_parallel
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
+from distlab.memory.fp8 import figures as fp8_figures
 from distlab.moe import figures as moe
 from distlab.parallel3d import figures as parallel3d
 from distlab.pipeline import figures as pipeline
@@ -142,6 +143,11 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the K/V block each rank holds at each ring step and the blocks it computes, zig-zag, p=4"),
     BookFigure("cp-memory-vs-seq.png", context_parallel.memory_figure,
                "predicted saved bytes of one attention layer per rank vs sequence length, 32 heads x 128"),
+    # Chapter 7: FP8 training
+    BookFigure("memory-fp8-formats.png", fp8_figures.formats_figure,
+               "every positive number of E4M3 and E5M2, from their bit layouts"),
+    BookFigure("memory-fp8-speedup.png", fp8_figures.speedup_figure,
+               "predicted FP8-over-bf16 speedup of one matmul on an H100 vs size, casts included"),
 )
 
 

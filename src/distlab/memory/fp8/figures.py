@@ -49,7 +49,7 @@ def formats_figure() -> Figure:
     ax.set_xscale("log", base=2)
     ax.set_yticks([0, 1], ["E5M2", "E4M3"])
     ax.set_ylim(-0.7, 1.7)
-    ax.set_xlim(2.0**-17, 2.0**22)
+    ax.set_xlim(2.0**-17, 2.0**26)
     ax.set_xlabel("value (subnormals lighter)")
     ax.set_title("The positive numbers of the two FP8 formats")
     style.done(fig)
