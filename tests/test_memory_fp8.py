@@ -20,6 +20,7 @@ from torch import nn
 
 from distlab import reference
 from distlab.memory import accounting
+from distlab.memory.__main__ import main
 from distlab.memory.estimator import MemoryConfig, estimate
 from distlab.memory.fp8 import compare, cost_model
 from distlab.memory.fp8.formats import E4M3, E5M2, FORMATS, check_against_torch, fp8_format
@@ -119,7 +120,9 @@ def test_fp8_gpt_step_matches_torchao_and_save_fp8_halves_saved_inputs() -> None
 
 
 def test_granularities_on_the_gpt_against_bf16() -> None:
+    threads = torch.get_num_threads()
     rows = compare.compare_granularities(steps=2, batch=2, n_embd=128)
+    assert torch.get_num_threads() == threads
     bf16, fp8 = rows[0], {r.name: r for r in rows[1:]}
     assert bf16.name == "bf16" and set(fp8) == set(compare.RECIPES)
     for r in fp8.values():  # E4M3 and E5M2 keep 4 and 5 fewer mantissa bits than bf16's 7
@@ -151,6 +154,9 @@ def test_estimator_and_planner_fp8_option() -> None:
     assert a.activations_bytes - b.activations_bytes == 4 * 7 * s * h
     full = dict(base, recompute="full")
     assert estimate(MemoryConfig(**full, fp8=True)) == estimate(MemoryConfig(**full))
+    cli = main(["estimate", "--layers", "4", "--hidden", "1024", "--heads", "16", "--vocab", "1000",
+                "--seq", "512", "--attention", "flash", "--no-dropout", "--fp8", "--json"])
+    assert cli["activations_bytes"] == b.activations_bytes
     with pytest.raises(ValueError, match="fp8=True needs precision='mixed'"):
         estimate(MemoryConfig(**base, precision="fp32", fp8=True))
     model, cluster, work = preset("tiny"), ClusterSpec("H100", nodes=2), Workload(64)

@@ -62,6 +62,15 @@ def compare_granularities(steps: int = 3, batch: int = 16, n_embd: int = 256, se
     so that rows hold two 128-wide tiles and the MLP's weights several 128 x 128 blocks."""
     if steps < 1 or batch < 1:
         raise ValueError(f"steps={steps} and batch={batch} must be at least 1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # hundreds of small casts and matmuls: threads only contend (restored below)
+    try:
+        return _compare(steps, batch, n_embd, seed, lr)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(steps: int, batch: int, n_embd: int, seed: int, lr: float) -> list[Row]:
     task = reference.gpt_task(n_layer=2, n_embd=n_embd, block_size=16, seed=seed)
     model = task.build(seed)
     variants = {"bf16": copy.deepcopy(model)}
