@@ -44,7 +44,8 @@ def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
 def _gather(t: Tensor, group: dist.ProcessGroup | None) -> Tensor:
     p = dist.get_world_size(group)
     out = torch.empty(p * t.shape[0], *t.shape[1:], dtype=t.dtype)
-    dist.all_gather_into_tensor(out, t.contiguous(), group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.13's name
+    gather(out, t.contiguous(), group=group)
     return out
 
 
