@@ -28,6 +28,7 @@ from distlab.fault_tolerance import curves as fault_tolerance_curves
 from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
+from distlab.memory.fp8 import figures as fp8_figures
 from distlab.moe import figures as moe
 from distlab.moe import scale_figures as moe_scale
 from distlab.parallel3d import figures as parallel3d
@@ -161,6 +162,11 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
     # Chapter 11: fault tolerance (sections 3-4)
     BookFigure("ft-break-even.png", fault_tolerance_curves.break_even_figure,
                "seconds per step of progress vs link speed, data parallelism vs DiLoCo, N = 1e9, R = 2"),
+    # Chapter 7: FP8 training
+    BookFigure("memory-fp8-formats.png", fp8_figures.formats_figure,
+               "every positive number of E4M3 and E5M2, from their bit layouts"),
+    BookFigure("memory-fp8-speedup.png", fp8_figures.speedup_figure,
+               "predicted FP8-over-bf16 speedup of one matmul on an H100 vs size, casts included"),
 )
 
 

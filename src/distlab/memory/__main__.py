@@ -78,6 +78,8 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--offload", action="store_true", help="keep the optimizer state in host memory (ZeRO-Offload)"
     )
+    p.add_argument("--fp8", action="store_true",
+                   help="FP8 linear layers: their saved inputs in 1 byte (needs --precision mixed)")
     p.add_argument("--schedule", choices=estimator.SCHEDULES, default="1f1b", help="pipeline schedule")
     p.add_argument(
         "--microbatches",

@@ -19,6 +19,11 @@ and no learned position embedding (`positions=False`); and the pipeline may spli
 every result is chapter 7's GPT-3 block, unchanged.
 
 The total leaves out temporary buffers and allocator fragmentation, which section 1 measures.
+
+`fp8=True` (with mixed precision) is FP8 training as `distlab.memory.fp8` does it: the model states stay
+2 + 2 + K (the FP8 weight is a cast copy made before each matmul, or gathered in FP8 under ZeRO-3), and the
+inputs of the four linear layers of a block are saved for the backward in FP8, 1 byte each instead of 2
+(DeepSeek-AI 2024, arXiv:2412.19437, sec. 3.3.3; `Fp8Linear(save_fp8=True)`); `LINEAR_INPUTS` names them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from distlab.memory import cost_model, shape
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+LINEAR_INPUTS = ("qkv input", "projection input", "mlp input", "mlp output-layer input")  # saved in FP8
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class MemoryConfig:
     positions: bool = True  # a learned position embedding of seq x hidden
     layer_split: tuple[int, ...] | None = None  # layers per pipeline stage; None = even (pp must divide)
     rounds: int | None = None  # interleaved schedule: micro-batches per round through the chunks; None = pp
+    fp8: bool = False  # FP8 linear layers: their saved inputs in 1 byte (module docstring)
 
     @property
     def modern(self) -> bool:
@@ -136,6 +143,9 @@ def validate(c: MemoryConfig) -> bool:
         raise ValueError(
             f"recompute={c.recompute!r} is unknown; choose one of {', '.join(cost_model.RECOMPUTE)}"
         )
+    if c.fp8 and c.precision != "mixed":
+        raise ValueError(f"fp8=True needs precision='mixed' (bf16 weights and gradients, an fp32 master "
+                         f"copy) but precision={c.precision!r}; set precision='mixed' or fp8=False")
     if c.schedule not in SCHEDULES:
         raise ValueError(f"schedule={c.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     if c.schedule == "interleaved" and (c.interleave < 2 or (c.microbatches or c.pp) % c.pp):
@@ -247,6 +257,15 @@ def in_flight_layers(c: MemoryConfig) -> float:
     return (c.pp * v + c.pp - 1) * layers_per_stage / v
 
 
+def fp8_saving(c: MemoryConfig, terms: dict[str, tuple[float, bool]]) -> float:
+    """Bytes per GPU and layer that FP8 saves when the linear layers' inputs among `terms` (16-bit) are kept
+    in 1 byte: half of each, split by tp as its term is; nothing under full recomputation."""
+    if not c.fp8 or c.recompute == "full":
+        return 0.0
+    return sum(n / 2 / (c.tp if split or c.sequence_parallel else 1)
+               for k, (n, split) in terms.items() if k in LINEAR_INPUTS)
+
+
 def modern_layer_bytes(c: MemoryConfig) -> float:
     """One block's saved bytes per GPU for a modern shape (`shape.swap_block_terms`), split by tp as
     Korthikanti et al. 2022, Table 2 splits them; selective recomputation drops the attention core, full
@@ -259,7 +278,7 @@ def modern_layer_bytes(c: MemoryConfig) -> float:
     terms = shape.swap_block_terms(terms, s, c.micro_batch, c.hidden, c.heads, c.kv_heads, c.ffn, c.gated, e)
     dropped = cost_model.core_terms(c.attention) if c.recompute == "selective" else ()
     return sum(n / (c.tp if split or c.sequence_parallel else 1)
-               for k, (n, split) in terms.items() if k not in dropped)
+               for k, (n, split) in terms.items() if k not in dropped) - fp8_saving(c, terms)
 
 
 def stage_activations(c: MemoryConfig) -> list[tuple[float, float]]:
@@ -296,6 +315,7 @@ def activation_bytes(c: MemoryConfig) -> float:
         c.sequence_parallel,
         c.recompute,
     )
+    layer -= fp8_saving(c, cost_model.layer_activation_terms(s, c.micro_batch, c.hidden, c.heads, e))
     head = cost_model.head_bytes(s, c.micro_batch, c.hidden, c.vocab, e, c.tp)
     first = in_flight_layers(c) * layer + (head if c.pp == 1 else 0)
     last = c.layers / c.pp * layer + head

@@ -48,6 +48,7 @@ class Settings:
     cp_split: str = "zigzag"  # how the sequence is cut over cp ranks: zig-zag (balanced) or contiguous
     overlap_dp: bool = True  # whether the dp collectives overlap the backward (DDP, FSDP) or wait for it
     rounds: int | None = None  # interleaved schedule: micro-batches per round (Llama 3's N); None = pp
+    fp8: bool = False  # FP8 linear layers: inputs saved in FP8 (chapter 7's estimator), ZeRO-3 gathers in FP8
 
     def __post_init__(self) -> None:
         u = self.usable_memory
@@ -132,6 +133,7 @@ def memory_config(model: ModelSpec, workload: Workload, c: Candidate, settings: 
         sequence_parallel=settings.sequence_parallel and c.tp > 1, attention=settings.attention,
         dropout=settings.dropout, gpus_per_node=gpus_per_node,
         rounds=min(settings.rounds, c.pp) if (settings.rounds and c.interleave > 1) else None,
+        fp8=settings.fp8,
     )
 
 

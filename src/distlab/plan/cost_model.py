@@ -187,8 +187,9 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, c: Candidate, rate: float, s
 
 
 def _dp_exposed(c: Candidate, grad_bytes: float, m: int, net: MachineParams, stage: _Stage,
-                overlap: bool) -> float:
-    """The data-parallel seconds that do not overlap compute (module docstring), over c.dp x c.cp ranks."""
+                overlap: bool, gather_bytes: float | None = None) -> float:
+    """The data-parallel seconds that do not overlap compute (module docstring), over c.dp x c.cp ranks.
+    `gather_bytes`: what ZeRO-3's parameter all-gathers move (None: `grad_bytes`; half with FP8 weights)."""
     group = c.dp * c.cp
     if group == 1:
         return 0.0
@@ -197,15 +198,20 @@ def _dp_exposed(c: Candidate, grad_bytes: float, m: int, net: MachineParams, sta
     ar = ring_all_reduce_time(grad_bytes, group, net)
     rs = ring_reduce_scatter_time(grad_bytes, group, net)
     ag = ring_all_gather_time(grad_bytes, group, net)
+    gather = grad_bytes if gather_bytes is None else gather_bytes
     if not overlap:
-        return dp_time(Candidate(group, 1, 1, 1, c.zero, c.recompute, 1), grad_bytes, m, net)
+        flat = Candidate(group, 1, 1, 1, c.zero, c.recompute, 1)
+        if c.zero == 3:  # m reduce-scatters of the gradients, 2 m all-gathers of the (FP8) weights
+            return m * (ring_reduce_scatter_time(grad_bytes, group, net)
+                        + 2 * ring_all_gather_time(gather, group, net))
+        return dp_time(flat, grad_bytes, m, net)
     tail_ar = ring_all_reduce_time(layer_bytes, group, net)
     if c.zero <= 1:
         return max(tail_ar, ar - backward)
     tail_rs = ring_reduce_scatter_time(layer_bytes, group, net)
     if c.zero == 2:
         return m * max(tail_rs, rs - backward) + ag
-    ag_l = ring_all_gather_time(layer_bytes, group, net)
+    ag_l = ring_all_gather_time(gather / max(stage.layers, 1), group, net)
     f = stage.block_forward
     per_pass = (2 * ag_l + tail_rs + stage.layers * (max(0.0, ag_l - f) + max(0.0, ag_l + tail_rs - 2 * f)))
     return m * per_pass
@@ -230,5 +236,6 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Can
     pp = 0.0 if c.pp == 1 else 2 * c.interleave * (m + c.pp - 1) * _p2p(
         act / c.tp, link(cluster, c.pp, c.tp * c.cp * c.dp))
     grads = 2 * params_per_gpu(memory_config(model, workload, c, settings, cluster.gpus_per_node))
-    dp = _dp_exposed(c, grads, m, link(cluster, c.dp * c.cp, c.tp), slow, settings.overlap_dp)
+    gather = grads / 2 if settings.fp8 else None  # FP8 weights: 1 byte per parameter (distlab.memory.fp8)
+    dp = _dp_exposed(c, grads, m, link(cluster, c.dp * c.cp, c.tp), slow, settings.overlap_dp, gather)
     return StepTime(compute, recompute, bubble, tp, pp, cp, dp, f, f + fr)

@@ -1,0 +1,57 @@
+"""The FP8 section's pictures, drawn from the code they illustrate: `speedup_figure` (the cost model's
+FP8-over-bf16 speedup of a linear layer against its size, casts included) and `formats_figure` (every
+positive number of E4M3 and E5M2, from their bit layouts)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from distlab import style
+from distlab.memory.fp8 import cost_model
+from distlab.memory.fp8.formats import E4M3, E5M2
+
+
+def speedup_figure(gpu: str = "H100", tokens: int = 8192) -> Figure:
+    """Predicted t_bf16 / t_fp8 of a square d x d weight applied to `tokens` tokens and of a d x d x d
+    matmul, with current and delayed scaling, against d."""
+    d = 2.0 ** np.arange(6, 16.01, 0.25)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for scaling, colour in (("current", style.BLUE), ("delayed", style.ORANGE)):
+        ax.plot(d, [cost_model.speedup(x, x, x, gpu, scaling) for x in d], color=colour,
+                label=f"d x d x d, {scaling} scaling")
+        ax.plot(d, [cost_model.speedup(tokens, x, x, gpu, scaling) for x in d], color=colour, ls="--",
+                label=f"{tokens} tokens x d x d, {scaling} scaling")
+    ax.axhline(1, color=style.VERMILION, lw=1)
+    ax.text(d[0], 1.04, "FP8 pays above this line", fontsize=8, color=style.VERMILION)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("matrix size d")
+    ax.set_ylabel("predicted speedup of FP8 over bf16")
+    ax.set_title(f"When FP8 pays on an {gpu}: a roofline with the cast of both operands")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    style.done(fig)
+    plt.close(fig)
+    return fig
+
+
+def formats_figure() -> Figure:
+    """Every positive finite number of E4M3 and E5M2 on a log axis: E4M3 dense and short, E5M2 sparse and
+    long; the subnormals in a lighter shade."""
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    for y, fmt, colour in ((1, E4M3, style.BLUE), (0, E5M2, style.ORANGE)):
+        v = np.array(fmt.finite_values()[1:])
+        sub = v < fmt.min_normal
+        ax.scatter(v[~sub], np.full((~sub).sum(), y), marker="|", s=120, color=colour)
+        ax.scatter(v[sub], np.full(sub.sum(), y), marker="|", s=120, color=colour, alpha=0.35)
+        ax.text(fmt.max * 1.6, y, f"{fmt.name}: max {fmt.max:g}, step 2^-{fmt.mantissa_bits}",
+                va="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yticks([0, 1], ["E5M2", "E4M3"])
+    ax.set_ylim(-0.7, 1.7)
+    ax.set_xlim(2.0**-17, 2.0**26)
+    ax.set_xlabel("value (subnormals lighter)")
+    ax.set_title("The positive numbers of the two FP8 formats")
+    style.done(fig)
+    plt.close(fig)
+    return fig
