@@ -45,6 +45,9 @@ help:
 
 env: $(STAMP)
 
+# Chapter 11 compares itself with torchft, whose wheels are Linux-only (elsewhere its tests and lab cells skip).
+PACKAGE := $(if $(filter Linux,$(shell uname -s)),.[torchft],.)
+
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
 	  echo "distlab needs Python 3.10 or newer; '$(PYTHON)' is older. Run e.g. 'make PYTHON=python3.11 lab'."; \
@@ -53,7 +56,7 @@ $(STAMP): pyproject.toml
 	@$(if $(TORCH_INDEX),:,$(NO_GPU_NOTICE))
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)" \
 	  --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[torchft]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '$(PACKAGE)'
 	@touch $@
 
 # The kernel goes inside .venv (--sys-prefix), where the JupyterLab of this .venv finds it; nothing outside
