@@ -75,3 +75,27 @@ def test_the_exercise_check_passes_the_formula_and_reports_a_stub() -> None:
     wrong = check_healing_fraction(lambda m, t, d, h, r, rr: 1.0 - (d + t + rr + h) / m)
     assert not wrong.passed and "(t_r + t_h) / R" in str(wrong)
     assert check_healing_fraction(stub).not_written
+
+
+def test_a_quorum_below_min_replicas_raises_a_clear_error_in_time() -> None:
+    # One replica of three is alive and min_replicas=2: the two silent ones are found dead after the
+    # heartbeat timeout, the quorum of one is refused, and the error says how to fix it; no ranks needed.
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from distlab.fault_tolerance.quorum import QuorumClient, QuorumError
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10))
+    beat = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    client = QuorumClient(master, beat, replica=0, replicas=3, min_replicas=2, heartbeat_interval=0.02,
+                          heartbeat_timeout=0.1, join_timeout=0.5)
+    start = time.monotonic()
+    try:
+        with pytest.raises(QuorumError, match=r"only replicas \[0\] are alive, fewer than min_replicas=2"):
+            client.quorum(0, 0, expected=(0, 1, 2))
+    finally:
+        client.close()
+    assert time.monotonic() - start < 5
