@@ -287,6 +287,15 @@ class ZeRO:
                 p.grad = None
             unit.forget()
 
+    def state_tensors(self) -> list[Tensor]:
+        """The tensors this rank keeps across steps: each unit's flat parameters (stage 3: freed between
+        uses), its shard (stage 3: a copy), its gradient buffer and Adam's state (for memory accounting)."""
+        out = []
+        for u in self.units:
+            out += [u.flat, u.shard, *(t for t in (u.grad_full, u.grad_shard) if t is not None)]
+            out += u.adam.state_tensors()
+        return out
+
     # -- reading the model back
     def full_parameters(self) -> dict[str, Tensor]:
         """Every parameter, whole, by name (a collective in stage 3: call it on every rank)."""
