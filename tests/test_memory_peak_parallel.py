@@ -4,7 +4,7 @@ stages 0-3 on 2 ranks, in one launch.
 Three shapes: a peak in Adam's step (stages 0-1: the largest unit's sqrt(v) and denominator on top of
 the model states) and in the backward (stages 2-3: two full gradient buffers, the one in flight and the
 one filling, and in stage 3 the gathered units). The goal is 5 %; the model counts every tensor, so the
-prediction is exact up to the 16 bytes of ZeRO's control flags, which gloo frees late.
+prediction is exact up to the 16 bytes of ZeRO's control flags, which gloo sometimes frees late.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from distlab.memory.peak_zero import STAGES, measure_zero_step, predict_zero_pea
 CASES = [((64, 96, 33), 16), ((8, 256, 8), 64), ((100, 30, 7), 5)]
 
 
-def _measure_all() -> list[tuple[int, int, str, int]]:
-    return [(s, m.peak_bytes, m.phase, m.backend_bytes)
+def _measure_all() -> list[tuple[int, int, str]]:
+    return [(s, m.peak_bytes, m.phase)
             for dims, batch in CASES for s in STAGES
             for m in [measure_zero_step(s, dims, batch)]]
 
@@ -31,7 +31,7 @@ def test_zero_peak_within_5_percent_on_each_of_2_ranks():
         for stage in STAGES:
             want = predict_zero_peak(stage, dims, batch, n=2)
             for rank in range(2):
-                got_stage, got, phase, _ = per_rank[rank][k]
+                got_stage, got, phase = per_rank[rank][k]
                 assert got_stage == stage
                 row = (dims, batch, stage, rank, want.peak_bytes, got, want.peak_bytes / got)
                 rows.append(row)

@@ -23,13 +23,11 @@ runs it on a rank under `accounting.LiveBytes`, made aware of storages that stag
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten
 
 from distlab.memory.accounting import LiveBytes
 from distlab.memory.peak import Timeline
@@ -44,7 +42,6 @@ class ZeroPeak:
     stage: int
     peak_bytes: int
     phase: str
-    backend_bytes: int = 0  # measured only: the largest buffer the backend's worker thread made
 
 
 def _padded(numel: int, n: int) -> int:
@@ -170,24 +167,22 @@ def predict_zero_peak(stage: int, dims: tuple[int, int, int], batch: int, n: int
 
 
 class ResizingLiveBytes(LiveBytes):
-    """`LiveBytes` for a rank that runs collectives, in two ways.
+    """`LiveBytes` for a rank that runs collectives, with two changes.
 
     It follows `watched` tensors whose storage is resized in place (stage 3 frees and re-allocates its
     flat buffers with `storage.resize_`, which no dispatched op reports): before each op, a watched
-    storage's bytes are brought up to date. And it counts only the ops of the thread that made it:
-    c10d hands the dispatch mode on to the backend's worker thread, where gloo copies a reduce-scatter's
-    input into a buffer of its own and frees it when that thread drops the finished work, which may be
-    after `wait()` has returned (and the main thread may take views of them: a view op adds nothing
-    here, since it allocates nothing). Those staging buffers are the backend's, not ZeRO's (NCCL reduces in
-    place), and whether they overlap the step's own peak is a race; `backend_peak` is their largest.
+    storage's bytes are brought up to date. And a view op adds nothing, since it allocates nothing:
+    gloo's reduce-scatter copies its input into a buffer of its own inside the collective, where no op
+    is dispatched, and the rank may then see views of that buffer, freed whenever gloo drops its work
+    (sometimes after `wait()` has returned). Counting such a view as a new storage made the stage-1 peak
+    jump by a whole unit at random. The backend's own buffers are outside the prediction and this
+    measurement alike, as NCCL's are outside `torch.cuda.max_memory_allocated`.
     """
 
     def __init__(self, watched: list[Tensor]) -> None:
         super().__init__()
         self.watched = watched
         self.seen: dict[int, tuple[int, int]] = {}
-        self.thread = threading.get_ident()
-        self.backend_peak = 0
 
     def _free(self, key: int) -> None:
         entry = self.live.pop(key, None)  # a resized storage may already have left
@@ -209,11 +204,6 @@ class ResizingLiveBytes(LiveBytes):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.is_view:  # a view allocates nothing
             return func(*args, **(kwargs or {}))
-        if threading.get_ident() != self.thread:
-            out = func(*args, **(kwargs or {}))
-            staged = [t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-            self.backend_peak = max(self.backend_peak, sum(staged))
-            return out
         self.sync()
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -247,4 +237,4 @@ def measure_zero_step(stage: int, dims: tuple[int, int, int], batch: int, group=
         zero.step()
         zero.zero_grad()
     zero.remove()
-    return ZeroPeak(stage, tracker.peak, tracker.peak_phase, tracker.backend_peak)
+    return ZeroPeak(stage, tracker.peak, tracker.peak_phase)
