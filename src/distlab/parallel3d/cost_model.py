@@ -97,11 +97,20 @@ def zero_units(config: GPTConfig, plan: Plan3D, stage: int) -> list[int]:
 def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, stage: int,
                       dtype_bytes: int = 8) -> Traffic:
     """The traffic of one step of a rank of pipeline stage `stage` (see the module docstring)."""
-    b, tp, dp = batch // (plan.dp * plan.m), plan.tp, plan.dp
-    first, last = stage == 0, stage == plan.pp - 1
-    blocks = block_ranges(config.n_layer, plan.pp)[stage]
-    mine = {f"h.{i}." for i in blocks}
+    b = batch // (plan.dp * plan.m)
     traffic: Traffic = {}
+    _tp_traffic(traffic, config, plan, b, seq, stage, dtype_bytes)
+    _pp_traffic(traffic, config, plan, b, seq, stage, dtype_bytes)
+    _dp_traffic(traffic, config, plan, stage, dtype_bytes)
+    return traffic
+
+
+def _tp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, b: int, seq: int, stage: int,
+                dtype_bytes: int) -> None:
+    """tp: chapter 5's collectives of the layers the stage holds, m times; with sequence parallelism
+    also the once-per-step all-reduce of the replicated parameters' gradients."""
+    tp, first, last = plan.tp, stage == 0, stage == plan.pp - 1
+    mine = {f"h.{i}." for i in block_ranges(config.n_layer, plan.pp)[stage]}
     for r in expected_records(config, b, seq, tp, plan.sequence_parallel, dtype_bytes):
         ours = (any(r.where.startswith(p) for p in mine) or (r.where == "wte" and first)
                 or (r.where in ("lm_head", "loss") and last))
@@ -111,6 +120,13 @@ def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, sta
     if plan.sequence_parallel:
         replicated = replicated_numel(config, stage, plan.pp) * dtype_bytes
         add_collective(traffic, "tp", "all_reduce", replicated, tp)
+
+
+def _pp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, b: int, seq: int, stage: int,
+                dtype_bytes: int) -> None:
+    """pp: m activations forward and m gradients back, and the tied embedding's gradient between the
+    first and the last stage."""
+    tp, first, last = plan.tp, stage == 0, stage == plan.pp - 1
     act = b * (seq // tp if plan.sequence_parallel else seq) * config.n_embd * dtype_bytes
     for _ in range(plan.m if plan.pp > 1 else 0):
         if not last:
@@ -119,11 +135,15 @@ def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, sta
             add_message(traffic, "pp", "send_bwd", act)
     if plan.pp > 1 and (first or last):
         add_message(traffic, "pp", "tied_grad", config.vocab_size // tp * config.n_embd * dtype_bytes)
+
+
+def _dp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, stage: int, dtype_bytes: int) -> None:
+    """dp: ZeRO's collectives on each unit of the stage, padded to a multiple of dp elements."""
+    dp = plan.dp
     for numel in zero_units(config, plan, stage):
         padded = -(-numel // dp) * dp * dtype_bytes
         for op in (("all_reduce",) if plan.zero_stage == 0 else ("reduce_scatter", "all_gather")):
             add_collective(traffic, "dp", op, padded, dp)
-    return traffic
 
 
 def bytes_by_dim(traffic: Traffic) -> dict[str, float]:
