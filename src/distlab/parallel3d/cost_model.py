@@ -1,4 +1,4 @@
-"""The bytes each rank sends in one 3D-parallel training step, per mesh dim and kind, from the shapes.
+"""The bytes each rank sends in one 3D-parallel training step, per mesh axis and kind, from the shapes.
 
 Per rank of pipeline stage s, with b = batch / (dp m) sequences per micro-batch, T tokens, hidden size h,
 vocabulary V, element size e bytes (ring costs from chapter 1, Patarasuk & Yuan 2009):
@@ -28,16 +28,16 @@ from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges
 from distlab.tensor_parallel.cost_model import expected_records, wire_bytes
 
-DIMS = ("dp", "pp", "tp")
+AXES = ("dp", "pp", "tp")  # mesh axes (CONTRIBUTING: an axis is a kind of parallelism)
 RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (p - 1) steps of a ring
 
 
 @dataclass
 class Transfer:
-    """What one rank sends over one mesh dim by one kind of call in one step: the number of calls, the
+    """What one rank sends over one mesh axis by one kind of call in one step: the number of calls, the
     bytes it sends (summed), and the latency-bound steps they take (a ring's 2(p-1) or (p-1); 1 per p2p)."""
 
-    dim: str
+    axis: str
     kind: str
     calls: int = 0
     sent_bytes: float = 0.0
@@ -52,16 +52,16 @@ class Transfer:
 Traffic = dict[tuple[str, str], Transfer]
 
 
-def add_collective(traffic: Traffic, dim: str, op: str, whole_bytes: float, p: int) -> None:
+def add_collective(traffic: Traffic, axis: str, op: str, whole_bytes: float, p: int) -> None:
     """Count a ring collective about `whole_bytes` bytes on p ranks (nothing is sent when p = 1)."""
     if p > 1:
-        traffic.setdefault((dim, op), Transfer(dim, op)).add(wire_bytes(op, whole_bytes, p),
+        traffic.setdefault((axis, op), Transfer(axis, op)).add(wire_bytes(op, whole_bytes, p),
                                                               RING_STEPS[op] * (p - 1))
 
 
-def add_message(traffic: Traffic, dim: str, kind: str, nbytes: float) -> None:
+def add_message(traffic: Traffic, axis: str, kind: str, nbytes: float) -> None:
     """Count one point-to-point message of `nbytes` bytes."""
-    traffic.setdefault((dim, kind), Transfer(dim, kind)).add(nbytes, 1)
+    traffic.setdefault((axis, kind), Transfer(axis, kind)).add(nbytes, 1)
 
 
 def block_numel(config: GPTConfig, tp: int) -> int:
@@ -146,6 +146,6 @@ def _dp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, stage: int, d
             add_collective(traffic, "dp", op, padded, dp)
 
 
-def bytes_by_dim(traffic: Traffic) -> dict[str, float]:
-    """Total bytes sent per mesh dim."""
-    return {d: sum(t.sent_bytes for t in traffic.values() if t.dim == d) for d in DIMS}
+def bytes_by_axis(traffic: Traffic) -> dict[str, float]:
+    """Total bytes sent per mesh axis."""
+    return {a: sum(t.sent_bytes for t in traffic.values() if t.axis == a) for a in AXES}
