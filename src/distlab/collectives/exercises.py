@@ -39,13 +39,19 @@ def _summarise(label: str, counts: Sequence[int], per_rank: list[list[list[str]]
         return CaseResult(label, True)
     j = max(failing, key=lambda k: counts[k])  # the most elements per chunk tell the clearest story
     lines = [f"with n = {counts[j]} elements:"] + _wrong_ranks([rank[j] for rank in per_rank], p)
+    return CaseResult(label, False, lines + _other_counts(counts, failing, j, p))
+
+
+def _other_counts(counts: Sequence[int], failing: list[int], shown: int, p: int) -> list[str]:
+    """The lines after the detailed count: the other wrong counts, the right ones, and their pattern."""
+    lines = []
     if len(failing) > 1:
-        lines.append(f"also wrong for n = {[counts[k] for k in failing if k != j]}")
+        lines.append(f"also wrong for n = {[counts[k] for k in failing if k != shown]}")
     passing = [n for k, n in enumerate(counts) if k not in failing]
     if passing:
         lines.append(f"right for n = {passing}")
         lines += _size_pattern([counts[k] for k in failing], passing, p)
-    return CaseResult(label, False, lines)
+    return lines
 
 
 def _wrong_ranks(problems: list[list[str]], p: int) -> list[str]:
@@ -142,10 +148,7 @@ def _check(exercise: str, fn: Callable[..., Any], runs: list[tuple[str, int, int
                          f"{exercise}(my_function) -- without calling it")
     cases: list[CaseResult] = []
     for label, p, ranks_per_node in tqdm(runs, desc=exercise, disable=not progress, leave=False):
-        tried = list(counts) if counts is not None else default_counts(p)
-        if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT for n in tried):
-            raise ValueError(f"counts={tried} must be element counts from 1 to {MAX_COUNT} (so that every "
-                             "value stays exact in float32), e.g. counts=(1, 5, 8)")
+        tried = _counts(counts, p)
         if cases and cases[-1].lines == [NOT_WRITTEN]:  # still the stub: no more launches
             cases.append(not_written(label))
             continue
@@ -163,6 +166,15 @@ def _check(exercise: str, fn: Callable[..., Any], runs: list[tuple[str, int, int
                 print(_quiet(output.getvalue()))
         cases.append(_summarise(label, tried, per_rank, p))
     return CheckResult(exercise, cases)
+
+
+def _counts(counts: Sequence[int] | None, p: int) -> list[int]:
+    """The element counts to try on p ranks: `counts`, checked, or `default_counts(p)`."""
+    tried = list(counts) if counts is not None else default_counts(p)
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT for n in tried):
+        raise ValueError(f"counts={tried} must be element counts from 1 to {MAX_COUNT} (so that every "
+                         "value stays exact in float32), e.g. counts=(1, 5, 8)")
+    return tried
 
 
 def _sizes(values: Sequence[int], name: str) -> list[int]:
