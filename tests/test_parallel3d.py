@@ -83,7 +83,7 @@ def test_world_size_8_two_by_two_by_two():
     _check(WORLD_8, 8)
 
 
-def test_traffic_differs_by_dim_as_the_cost_model_says():
+def test_traffic_differs_by_axis_as_the_cost_model_says():
     plan = WORLD_8[0]
     first = predicted_traffic(CONFIG, plan, BATCH, SEQ, 0)
     last = predicted_traffic(CONFIG, plan, BATCH, SEQ, 1)

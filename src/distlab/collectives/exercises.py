@@ -38,34 +38,52 @@ def _summarise(label: str, counts: Sequence[int], per_rank: list[list[list[str]]
     if not failing:
         return CaseResult(label, True)
     j = max(failing, key=lambda k: counts[k])  # the most elements per chunk tell the clearest story
-    lines = [f"with n = {counts[j]} elements:"]
-    bad_ranks = [r for r in range(p) if per_rank[r][j]]
+    lines = [f"with n = {counts[j]} elements:"] + _wrong_ranks([rank[j] for rank in per_rank], p)
+    return CaseResult(label, False, lines + _other_counts(counts, failing, j, p))
+
+
+def _other_counts(counts: Sequence[int], failing: list[int], shown: int, p: int) -> list[str]:
+    """The lines after the detailed count: the other wrong counts, the right ones, and their pattern."""
+    lines = []
+    if len(failing) > 1:
+        lines.append(f"also wrong for n = {[counts[k] for k in failing if k != shown]}")
+    passing = [n for k, n in enumerate(counts) if k not in failing]
+    if passing:
+        lines.append(f"right for n = {passing}")
+        lines += _size_pattern([counts[k] for k in failing], passing, p)
+    return lines
+
+
+def _wrong_ranks(problems: list[list[str]], p: int) -> list[str]:
+    """The lines about one element count, from each rank's problems with it: the first wrong rank in
+    full, then up to two ranks whose headline tells a different story, then which ranks are wrong."""
+    bad_ranks = [r for r in range(p) if problems[r]]
     first = bad_ranks[0]
-    lines += [f"  {msg}" for msg in per_rank[first][j]]  # the first wrong rank in full, then headlines
+    lines = [f"  {msg}" for msg in problems[first]]
+
     def gist(r: int) -> list[str]:
-        return [msg.replace(f"rank {r}", "rank #") for msg in per_rank[r][j]]
+        return [msg.replace(f"rank {r}", "rank #") for msg in problems[r]]
 
     heads = [gist(first)[0]]
-    for r in bad_ranks[1:]:  # then up to two ranks whose headline tells a different story
+    for r in bad_ranks[1:]:
         if gist(r)[0] not in heads and len(heads) < 3:
             heads.append(gist(r)[0])
-            lines.append(f"  {per_rank[r][j][0]}")
+            lines.append(f"  {problems[r][0]}")
     if len(bad_ranks) > 1:
         how = ", in the same way" if all(gist(r) == gist(first) for r in bad_ranks) else ""
         lines.append(f"  ({'all ' if len(bad_ranks) == p else ''}ranks {bad_ranks} are wrong{how})")
-    passing = [n for k, n in enumerate(counts) if k not in failing]
-    if len(failing) > 1:
-        lines.append(f"also wrong for n = {[counts[k] for k in failing if k != j]}")
-    if passing:
-        lines.append(f"right for n = {passing}")
-        bad_n = [counts[k] for k in failing]
-        if p > 1 and all(n % p for n in bad_n) and any(n % p == 0 for n in passing):
-            lines.append(f"it fails only when p = {p} does not divide n: chunks differ in size then; take "
-                         "every chunk's bounds from chunk_bounds(n, p), on the sender and the receiver alike")
-        elif p > 1 and all(n < p for n in bad_n):
-            lines.append(f"it fails only when n < p = {p}, where some chunks are empty: send and receive "
-                         "empty chunks consistently (or skip them on both sides)")
-    return CaseResult(label, False, lines)
+    return lines
+
+
+def _size_pattern(bad_n: list[int], passing: list[int], p: int) -> list[str]:
+    """A hint when the wrong counts share a size pattern: p does not divide them, or they are below p."""
+    if p > 1 and all(n % p for n in bad_n) and any(n % p == 0 for n in passing):
+        return [f"it fails only when p = {p} does not divide n: chunks differ in size then; take "
+                "every chunk's bounds from chunk_bounds(n, p), on the sender and the receiver alike"]
+    if p > 1 and all(n < p for n in bad_n):
+        return [f"it fails only when n < p = {p}, where some chunks are empty: send and receive "
+                "empty chunks consistently (or skip them on both sides)"]
+    return []
 
 
 def _size_mismatch(output: str, p: int, counts: Sequence[int]) -> list[str] | None:
@@ -130,10 +148,7 @@ def _check(exercise: str, fn: Callable[..., Any], runs: list[tuple[str, int, int
                          f"{exercise}(my_function) -- without calling it")
     cases: list[CaseResult] = []
     for label, p, ranks_per_node in tqdm(runs, desc=exercise, disable=not progress, leave=False):
-        tried = list(counts) if counts is not None else default_counts(p)
-        if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT for n in tried):
-            raise ValueError(f"counts={tried} must be element counts from 1 to {MAX_COUNT} (so that every "
-                             "value stays exact in float32), e.g. counts=(1, 5, 8)")
+        tried = _counts(counts, p)
         if cases and cases[-1].lines == [NOT_WRITTEN]:  # still the stub: no more launches
             cases.append(not_written(label))
             continue
@@ -151,6 +166,15 @@ def _check(exercise: str, fn: Callable[..., Any], runs: list[tuple[str, int, int
                 print(_quiet(output.getvalue()))
         cases.append(_summarise(label, tried, per_rank, p))
     return CheckResult(exercise, cases)
+
+
+def _counts(counts: Sequence[int] | None, p: int) -> list[int]:
+    """The element counts to try on p ranks: `counts`, checked, or `default_counts(p)`."""
+    tried = list(counts) if counts is not None else default_counts(p)
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT for n in tried):
+        raise ValueError(f"counts={tried} must be element counts from 1 to {MAX_COUNT} (so that every "
+                         "value stays exact in float32), e.g. counts=(1, 5, 8)")
+    return tried
 
 
 def _sizes(values: Sequence[int], name: str) -> list[int]:

@@ -27,8 +27,9 @@ How it works, in four steps:
    (`worker.py`).
 4. The parent polls the children (`launcher.py`). A failed rank ends the run, and so does a rank still
    running `timeout` seconds after another returned, or a function still running after `deadline`
-   seconds; `observe.py` gathers what is known of each rank, `diagnosis.py` writes the report, and
-   `cleanup.py` ends every process the launch started. `arguments.py` checks `run`'s arguments first.
+   seconds; `observe.py` gathers what is known of each rank (a `RankState`, `rank_state.py`),
+   `diagnosis.py` writes the report, and `cleanup.py` ends every process the launch started.
+   `arguments.py` checks `run`'s arguments first.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.launch.diagnosis import RankError
 from distlab.launch.launcher import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, run
+from distlab.launch.rank_state import RankError
 from distlab.launch.worker import choose_backend, init_rank, resolve_backend
 
 __all__ = ["DEFAULT_DEADLINE", "DEFAULT_TIMEOUT", "RankError", "backend", "choose_backend", "device",

@@ -31,7 +31,7 @@ import cloudpickle
 import torch.distributed as dist
 
 from distlab.launch import arguments, cleanup, diagnosis, observe, sources, zygote
-from distlab.launch.diagnosis import RankState
+from distlab.launch.rank_state import RankState
 from distlab.launch.worker import RENDEZVOUS_TIMEOUT, resolve_backend
 
 DEFAULT_TIMEOUT = 30.0  # seconds a rank may wait in one collective; also the grace period of a stuck rank

@@ -19,7 +19,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from distlab.launch import sources
-from distlab.launch.diagnosis import RankState
+from distlab.launch.rank_state import RankState
 
 
 def stacks(procs: list[subprocess.Popen], d: Path) -> dict[int, list[sources.Frame]]:

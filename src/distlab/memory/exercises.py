@@ -38,28 +38,10 @@ def _scale_diagnosis(
     (scale, tracker), (g_scale, g_tracker) = start, got
     state = f"from scale={scale:g}, growth_tracker={tracker}, found_inf={found_inf}"
     lines = [f"{state}: you returned ({g_scale:g}, {g_tracker}), expected ({want[0]:g}, {want[1]})"]
-    if found_inf and g_scale > scale:
-        lines.append(
-            "you grew the scale after a skipped step; an overflow must shrink it (times backoff_factor)"
-        )
-    elif found_inf and g_scale == scale:
-        lines.append("the scale did not change after an overflow; multiply it by backoff_factor")
-    elif found_inf and g_scale != want[0]:
-        lines.append(f"after an overflow the scale must be multiplied by backoff_factor={backoff:g}")
-    elif not found_inf and g_scale < scale:
-        lines.append("you shrank the scale after a clean step; only an overflow shrinks it")
-    elif not found_inf and g_scale > scale and want[0] == scale:
-        lines.append(
-            f"you grew the scale too early: it grows only once growth_interval={interval} clean steps "
-            "in a row have passed"
-        )
-    elif not found_inf and g_scale == scale and want[0] > scale:
-        lines.append(
-            f"after growth_interval={interval} clean steps in a row the scale must grow by "
-            f"growth_factor={growth:g}; yours did not"
-        )
-    elif g_scale != want[0]:
-        lines.append(f"the scale must grow by growth_factor={growth:g}, not by {g_scale / scale:g}")
+    if found_inf:
+        lines += _overflow_hint(scale, g_scale, want[0], backoff)
+    else:
+        lines += _clean_step_hint(scale, g_scale, want[0], interval, growth)
     if g_scale == want[0] and g_tracker != want[1]:
         lines.append(
             "after an overflow or a growth the count of clean steps restarts at 0"
@@ -67,6 +49,33 @@ def _scale_diagnosis(
             else "a clean step adds one to growth_tracker"
         )
     return lines
+
+
+def _overflow_hint(scale: float, g_scale: float, want_scale: float, backoff: float) -> list[str]:
+    """Why the scale returned after an overflowing step is wrong ([] when it is right)."""
+    if g_scale > scale:
+        return ["you grew the scale after a skipped step; an overflow must shrink it (times backoff_factor)"]
+    if g_scale == scale:
+        return ["the scale did not change after an overflow; multiply it by backoff_factor"]
+    if g_scale != want_scale:
+        return [f"after an overflow the scale must be multiplied by backoff_factor={backoff:g}"]
+    return []
+
+
+def _clean_step_hint(scale: float, g_scale: float, want_scale: float, interval: int,
+                     growth: float) -> list[str]:
+    """Why the scale returned after a clean step is wrong ([] when it is right)."""
+    if g_scale < scale:
+        return ["you shrank the scale after a clean step; only an overflow shrinks it"]
+    if g_scale > scale and want_scale == scale:
+        return [f"you grew the scale too early: it grows only once growth_interval={interval} clean steps "
+                "in a row have passed"]
+    if g_scale == scale and want_scale > scale:
+        return [f"after growth_interval={interval} clean steps in a row the scale must grow by "
+                f"growth_factor={growth:g}; yours did not"]
+    if g_scale != want_scale:
+        return [f"the scale must grow by growth_factor={growth:g}, not by {g_scale / scale:g}"]
+    return []
 
 
 def _scale_case(fn: Callable[..., tuple[float, int]], case: tuple) -> CaseResult:

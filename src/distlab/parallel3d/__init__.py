@@ -30,7 +30,7 @@ The planner that chooses dp, pp, tp, cp and ZeRO for a cluster is its own packag
 
 from distlab.parallel3d.checkpoint import ShardedParam
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
-from distlab.parallel3d.cost_model import Transfer, bytes_by_dim, predicted_traffic
+from distlab.parallel3d.cost_model import Transfer, bytes_by_axis, predicted_traffic
 from distlab.parallel3d.model import StageModel, build_stage, named_shards
 from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, Trainer3D, make_batches, train_3d
@@ -46,7 +46,7 @@ __all__ = [
     "Transfer",
     "block_ranges",
     "build_stage",
-    "bytes_by_dim",
+    "bytes_by_axis",
     "check_plan",
     "compare",
     "make_batches",

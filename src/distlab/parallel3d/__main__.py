@@ -20,7 +20,7 @@ from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, add_steps, 
 from distlab.mesh import grid
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import SCHEDULES_3D, ZERO_STAGES_3D, Plan3D, check_plan
-from distlab.parallel3d.cost_model import bytes_by_dim, predicted_traffic
+from distlab.parallel3d.cost_model import bytes_by_axis, predicted_traffic
 from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, make_batches, train_3d
 
@@ -51,8 +51,8 @@ def summarize(runs: list[RankRun3D], args: argparse.Namespace) -> dict:
     ranks = []
     for rank, run in enumerate(runs):
         want = predicted_traffic(config, plan, args.batch, args.seq, run.coords["pp"], dtype.itemsize)
-        ranks.append({"rank": rank, "coords": run.coords, "bytes_recorded": bytes_by_dim(run.traffic),
-                      "bytes_predicted": bytes_by_dim(want),
+        ranks.append({"rank": rank, "coords": run.coords, "bytes_recorded": bytes_by_axis(run.traffic),
+                      "bytes_predicted": bytes_by_axis(want),
                       "same_as_predicted": {k: (t.calls, t.sent_bytes) for k, t in run.traffic.items()}
                       == {k: (t.calls, t.sent_bytes) for k, t in want.items()}})
     return {"plan": plan.label(), "passed": parity.passed, "verdict": parity.verdict(), "ranks": ranks}

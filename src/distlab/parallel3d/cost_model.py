@@ -1,4 +1,4 @@
-"""The bytes each rank sends in one 3D-parallel training step, per mesh dim and kind, from the shapes.
+"""The bytes each rank sends in one 3D-parallel training step, per mesh axis and kind, from the shapes.
 
 Per rank of pipeline stage s, with b = batch / (dp m) sequences per micro-batch, T tokens, hidden size h,
 vocabulary V, element size e bytes (ring costs from chapter 1, Patarasuk & Yuan 2009):
@@ -28,16 +28,16 @@ from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges
 from distlab.tensor_parallel.cost_model import expected_records, wire_bytes
 
-DIMS = ("dp", "pp", "tp")
+AXES = ("dp", "pp", "tp")  # mesh axes (CONTRIBUTING: an axis is a kind of parallelism)
 RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (p - 1) steps of a ring
 
 
 @dataclass
 class Transfer:
-    """What one rank sends over one mesh dim by one kind of call in one step: the number of calls, the
+    """What one rank sends over one mesh axis by one kind of call in one step: the number of calls, the
     bytes it sends (summed), and the latency-bound steps they take (a ring's 2(p-1) or (p-1); 1 per p2p)."""
 
-    dim: str
+    axis: str
     kind: str
     calls: int = 0
     sent_bytes: float = 0.0
@@ -52,16 +52,16 @@ class Transfer:
 Traffic = dict[tuple[str, str], Transfer]
 
 
-def add_collective(traffic: Traffic, dim: str, op: str, whole_bytes: float, p: int) -> None:
+def add_collective(traffic: Traffic, axis: str, op: str, whole_bytes: float, p: int) -> None:
     """Count a ring collective about `whole_bytes` bytes on p ranks (nothing is sent when p = 1)."""
     if p > 1:
-        traffic.setdefault((dim, op), Transfer(dim, op)).add(wire_bytes(op, whole_bytes, p),
+        traffic.setdefault((axis, op), Transfer(axis, op)).add(wire_bytes(op, whole_bytes, p),
                                                               RING_STEPS[op] * (p - 1))
 
 
-def add_message(traffic: Traffic, dim: str, kind: str, nbytes: float) -> None:
+def add_message(traffic: Traffic, axis: str, kind: str, nbytes: float) -> None:
     """Count one point-to-point message of `nbytes` bytes."""
-    traffic.setdefault((dim, kind), Transfer(dim, kind)).add(nbytes, 1)
+    traffic.setdefault((axis, kind), Transfer(axis, kind)).add(nbytes, 1)
 
 
 def block_numel(config: GPTConfig, tp: int) -> int:
@@ -97,11 +97,20 @@ def zero_units(config: GPTConfig, plan: Plan3D, stage: int) -> list[int]:
 def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, stage: int,
                       dtype_bytes: int = 8) -> Traffic:
     """The traffic of one step of a rank of pipeline stage `stage` (see the module docstring)."""
-    b, tp, dp = batch // (plan.dp * plan.m), plan.tp, plan.dp
-    first, last = stage == 0, stage == plan.pp - 1
-    blocks = block_ranges(config.n_layer, plan.pp)[stage]
-    mine = {f"h.{i}." for i in blocks}
+    b = batch // (plan.dp * plan.m)
     traffic: Traffic = {}
+    _tp_traffic(traffic, config, plan, b, seq, stage, dtype_bytes)
+    _pp_traffic(traffic, config, plan, b, seq, stage, dtype_bytes)
+    _dp_traffic(traffic, config, plan, stage, dtype_bytes)
+    return traffic
+
+
+def _tp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, b: int, seq: int, stage: int,
+                dtype_bytes: int) -> None:
+    """tp: chapter 5's collectives of the layers the stage holds, m times; with sequence parallelism
+    also the once-per-step all-reduce of the replicated parameters' gradients."""
+    tp, first, last = plan.tp, stage == 0, stage == plan.pp - 1
+    mine = {f"h.{i}." for i in block_ranges(config.n_layer, plan.pp)[stage]}
     for r in expected_records(config, b, seq, tp, plan.sequence_parallel, dtype_bytes):
         ours = (any(r.where.startswith(p) for p in mine) or (r.where == "wte" and first)
                 or (r.where in ("lm_head", "loss") and last))
@@ -111,6 +120,13 @@ def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, sta
     if plan.sequence_parallel:
         replicated = replicated_numel(config, stage, plan.pp) * dtype_bytes
         add_collective(traffic, "tp", "all_reduce", replicated, tp)
+
+
+def _pp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, b: int, seq: int, stage: int,
+                dtype_bytes: int) -> None:
+    """pp: m activations forward and m gradients back, and the tied embedding's gradient between the
+    first and the last stage."""
+    tp, first, last = plan.tp, stage == 0, stage == plan.pp - 1
     act = b * (seq // tp if plan.sequence_parallel else seq) * config.n_embd * dtype_bytes
     for _ in range(plan.m if plan.pp > 1 else 0):
         if not last:
@@ -119,13 +135,17 @@ def predicted_traffic(config: GPTConfig, plan: Plan3D, batch: int, seq: int, sta
             add_message(traffic, "pp", "send_bwd", act)
     if plan.pp > 1 and (first or last):
         add_message(traffic, "pp", "tied_grad", config.vocab_size // tp * config.n_embd * dtype_bytes)
+
+
+def _dp_traffic(traffic: Traffic, config: GPTConfig, plan: Plan3D, stage: int, dtype_bytes: int) -> None:
+    """dp: ZeRO's collectives on each unit of the stage, padded to a multiple of dp elements."""
+    dp = plan.dp
     for numel in zero_units(config, plan, stage):
         padded = -(-numel // dp) * dp * dtype_bytes
         for op in (("all_reduce",) if plan.zero_stage == 0 else ("reduce_scatter", "all_gather")):
             add_collective(traffic, "dp", op, padded, dp)
-    return traffic
 
 
-def bytes_by_dim(traffic: Traffic) -> dict[str, float]:
-    """Total bytes sent per mesh dim."""
-    return {d: sum(t.sent_bytes for t in traffic.values() if t.dim == d) for d in DIMS}
+def bytes_by_axis(traffic: Traffic) -> dict[str, float]:
+    """Total bytes sent per mesh axis."""
+    return {a: sum(t.sent_bytes for t in traffic.values() if t.axis == a) for a in AXES}

@@ -18,7 +18,7 @@ from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
 from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.parallel3d.config import Plan3D
-from distlab.parallel3d.cost_model import DIMS
+from distlab.parallel3d.cost_model import AXES
 from distlab.parallel3d.placement import EXAMPLE_PLAN, predict_placement
 
 GRIDS = ((2, 2, 2), (1, 4, 1), (3, 1, 2), (2, 3, 1), (1, 2, 4))
@@ -26,11 +26,11 @@ GRIDS = ((2, 2, 2), (1, 4, 1), (3, 1, 2), (2, 3, 1), (1, 2, 4))
 
 def _peers(rank: int, dp: int, pp: int, tp: int) -> dict[str, list[int]]:
     groups = layout(dp=dp, pp=pp, tp=tp)
-    return {d: next(g for g in groups[d] if rank in g) for d in DIMS}
+    return {d: next(g for g in groups[d] if rank in g) for d in AXES}
 
 
 def _diagnose_coords(got: object, want: dict[str, int], rank: int, sizes: dict[str, int]) -> list[str]:
-    if not isinstance(got, dict) or set(got) != set(DIMS):
+    if not isinstance(got, dict) or set(got) != set(AXES):
         return [f"coords for rank {rank} should be a dict with keys dp, pp, tp; got {got!r}"]
     if got == want:
         return []
@@ -62,7 +62,7 @@ def check_coordinates(fn: Callable[[int, int, int, int], tuple[dict[str, int], d
                 break
             lines += _diagnose_coords(coords, coordinates(rank, pp=pp, dp=dp, tp=tp), rank, sizes)
             want = _peers(rank, dp, pp, tp)
-            for d in DIMS:
+            for d in AXES:
                 got = list(peers.get(d, [])) if isinstance(peers, dict) else None
                 if got == want[d]:
                     continue
@@ -96,7 +96,7 @@ def check_placement(fn: Callable[[Cluster, Plan3D], tuple[str, ...]]) -> CheckRe
             found = NOT_WRITTEN if is_stub(e) else f"{type(e).__name__}: {e}"
             cases.append(CaseResult(label, False, [found]))
             continue
-        costs = {o: predict_placement("", o, cluster, plan=plan).seconds for o in permutations(DIMS)}
+        costs = {o: predict_placement("", o, cluster, plan=plan).seconds for o in permutations(AXES)}
         best = min(costs, key=costs.get)
         lines = []
         if mine.dims["tp"].crosses_servers:

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from distlab import style
 from distlab.mesh import coordinates, layout
-from distlab.parallel3d.cost_model import DIMS
+from distlab.parallel3d.cost_model import AXES
 from distlab.parallel3d.placement import PlacementCost, compare_placements
 
 DIM_COLOURS = {"tp": style.VERMILION, "pp": style.BLUE, "dp": style.GREEN}
@@ -68,9 +68,9 @@ def placement_figure(costs: list[PlacementCost] | None = None) -> Figure:
         fig, ax = plt.subplots(figsize=(6.4, 2.4))
         left = [0.0] * len(costs)
         names = [c.name for c in costs]
-        for dim in DIMS:
-            ms = [1e3 * c.dims[dim].seconds for c in costs]
-            ax.barh(names, ms, left=left, color=DIM_COLOURS[dim], label=dim)
+        for axis in AXES:
+            ms = [1e3 * c.dims[axis].seconds for c in costs]
+            ax.barh(names, ms, left=left, color=DIM_COLOURS[axis], label=axis)
             left = [a + b for a, b in zip(left, ms, strict=True)]
         ax.invert_yaxis()
         ax.set_xlabel("predicted communication per step (ms, no overlap)")

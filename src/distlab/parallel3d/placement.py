@@ -34,7 +34,7 @@ from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D
-from distlab.parallel3d.cost_model import DIMS, predicted_traffic
+from distlab.parallel3d.cost_model import AXES, predicted_traffic
 
 # The example the book and the lab price: a GPT of about 1.3 B parameters in bf16 on two DGX A100 servers:
 # GPT-3 XL's 24 layers of width 2048 (Brown et al. 2020, table 2.1; we use 16 heads of 128, since the
@@ -63,8 +63,8 @@ def group_crosses_servers(size: int, stride: int, gpus_per_node: int) -> bool:
 
 def assign(plan: Plan3D, cluster: Cluster, order: tuple[str, ...]) -> dict[int, str]:
     """Global rank -> GPU name of `cluster`, placing the dims in `order` (outermost first)."""
-    if sorted(order) != sorted(DIMS):
-        raise ValueError(f"order={order!r} must list each of {DIMS} once, outermost first, e.g. "
+    if sorted(order) != sorted(AXES):
+        raise ValueError(f"order={order!r} must list each of {AXES} once, outermost first, e.g. "
                          "('dp', 'pp', 'tp') to keep tp inside a server")
     gpus = cluster.nodes * cluster.gpus_per_node
     if plan.world_size != gpus:
@@ -120,7 +120,7 @@ def predict_placement(name: str, order: tuple[str, ...], cluster: Cluster, confi
     gpu = assign(plan, cluster, order)
     traffic = [predicted_traffic(config, plan, batch, seq, s, dtype_bytes) for s in range(plan.pp)]
     dims = {}
-    for dim in DIMS:
+    for dim in AXES:
         rings = _rings(plan, dim, gpu)
         hops = [h for ring in ring_hops(cluster.topology, rings) for h in ring] if rings else []
         if not hops:
@@ -129,7 +129,7 @@ def predict_placement(name: str, order: tuple[str, ...], cluster: Cluster, confi
         slow = min(hops, key=lambda h: (h.GBps, -h.latency))
         crosses = any(ring[0].split("/")[0] != g.split("/")[0] for ring in rings for g in ring)
         seconds = max(sum(t.steps * slow.latency + t.sent_bytes / (slow.GBps * 1e9)
-                          for t in tr.values() if t.dim == dim) for tr in traffic)
+                          for t in tr.values() if t.axis == dim) for tr in traffic)
         dims[dim] = DimCost(dim, slow.GBps, slow.latency, crosses, seconds)
     return PlacementCost(name, tuple(order), dims)
 
@@ -142,11 +142,11 @@ def compare_placements(cluster: Cluster | None = None, **kwargs: Any) -> list[Pl
 
 def placement_table(costs: list[PlacementCost]) -> str:
     """A text table: per placement and dim, the bottleneck bandwidth and the predicted milliseconds."""
-    cols = "".join(f"{d + ' GB/s':>9s}{d + ' ms':>9s}" for d in DIMS)
+    cols = "".join(f"{d + ' GB/s':>9s}{d + ' ms':>9s}" for d in AXES)
     head = f"{'placement':44s}{cols}{'total ms':>10s}"
     lines = [head]
     for c in costs:
         cells = "".join(f"{c.dims[d].GBps:9.0f}{1e3 * c.dims[d].seconds:9.1f}"
-                        if math.isfinite(c.dims[d].GBps) else f"{'-':>9s}{0:9.1f}" for d in DIMS)
+                        if math.isfinite(c.dims[d].GBps) else f"{'-':>9s}{0:9.1f}" for d in AXES)
         lines.append(f"{c.name:44s}{cells}{1e3 * c.seconds:10.1f}")
     return "\n".join(lines)

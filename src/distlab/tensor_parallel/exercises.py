@@ -117,23 +117,36 @@ def _check_row_linear(row_linear: Callable, d: dict[str, Tensor], rank: int, p: 
     xs, ws, bs = (t.detach().clone().requires_grad_(True) for t in (d["x"][:, cols], d["w"][:, cols], d["b"]))
     y = row_linear(xs, ws, bs)
     partial = (d["x"][:, cols] @ d["w"][:, cols].T)
-    if _close(y, ref.detach()):
-        problems = []
-    elif p > 1 and _close(y, ref.detach() + (p - 1) * d["b"]):
-        return [f"the output holds the bias p = {p} times: every rank added it before the all-reduce. Add "
-                "the bias once, after g"]
-    elif p > 1 and (_close(y, partial + d["b"]) or _close(y, partial)):
-        return ["the output is this rank's partial sum x_r W_r^T: the partial sums were never added up "
-                "(call g on x_r W_r^T: all-reduce in forward)"]
-    elif _close(y, ref.detach() - d["b"]):
-        return ["the output has no bias: add it once, after g"]
-    else:
-        return ["the output differs from the dense x W^T + b"]
+    wrong = _row_output_problem(y, ref.detach(), partial, d["b"], p)
+    if wrong:
+        return wrong
     if not (isinstance(y, Tensor) and y.requires_grad):
         return ["the output is not connected to the inputs in autograd"]
     (y * d["dy"]).sum().backward()
-    for name, t, want in (("weight shard", ws, w.grad[:, cols]), ("input shard", xs, x.grad[:, cols]),
-                          ("bias", bs, b.grad)):
+    shards = (("weight shard", ws, w.grad[:, cols]), ("input shard", xs, x.grad[:, cols]),
+              ("bias", bs, b.grad))
+    return _row_gradient_problems(shards, p)
+
+
+def _row_output_problem(y: Tensor, ref: Tensor, partial: Tensor, bias: Tensor, p: int) -> list[str]:
+    """What is wrong with the row-parallel layer's output y against the dense `ref` ([] when right)."""
+    if _close(y, ref):
+        return []
+    if p > 1 and _close(y, ref + (p - 1) * bias):
+        return [f"the output holds the bias p = {p} times: every rank added it before the all-reduce. Add "
+                "the bias once, after g"]
+    if p > 1 and (_close(y, partial + bias) or _close(y, partial)):
+        return ["the output is this rank's partial sum x_r W_r^T: the partial sums were never added up "
+                "(call g on x_r W_r^T: all-reduce in forward)"]
+    if _close(y, ref - bias):
+        return ["the output has no bias: add it once, after g"]
+    return ["the output differs from the dense x W^T + b"]
+
+
+def _row_gradient_problems(grads: tuple[tuple[str, Tensor, Tensor], ...], p: int) -> list[str]:
+    """What is wrong with each (name, shard, the dense layer's gradient of it) after backward."""
+    problems = []
+    for name, t, want in grads:
         if t.grad is None:
             problems.append(f"the {name} received no gradient")
         elif p > 1 and _close(t.grad, p * want):
@@ -165,8 +178,19 @@ def check_tensor_parallel(f: Callable, g: Callable, shard: Callable, row_linear:
                           world_sizes: Sequence[int] = (2, 3), timeout: float = 20.0) -> CheckResult:
     """Run the student's f, g, shard and row_linear on each world size (one launch each) and explain any
     difference from the dense layer (float64, tolerance 1e-10)."""
-    from distlab import launch
+    _check_arguments(f, g, shard, row_linear, world_sizes)
+    cases: list[CaseResult] = []
+    for p in world_sizes:
+        label = f"{p} rank{'s' if p > 1 else ''}"
+        if cases and len(cases[-1].lines) == 4 and all(x.endswith(NOT_WRITTEN) for x in cases[-1].lines):
+            cases.append(CaseResult(label, False, list(cases[-1].lines)))  # all four still stubs: no launch
+            continue
+        cases.append(_run_case(label, p, (f, g, shard, row_linear), timeout))
+    return CheckResult("check_tensor_parallel", cases)
 
+
+def _check_arguments(f: Callable, g: Callable, shard: Callable, row_linear: Callable,
+                     world_sizes: Sequence[int]) -> None:
     for name, fn in (("f", f), ("g", g), ("shard", shard), ("row_linear", row_linear)):
         if not callable(fn):
             raise ValueError(f"{name}={fn!r} is not callable: pass the function itself, e.g. "
@@ -176,21 +200,19 @@ def check_tensor_parallel(f: Callable, g: Callable, shard: Callable, row_linear:
     if bad:
         raise ValueError(f"world_sizes={tuple(world_sizes)} must hold sizes that divide {HIDDEN} "
                          "(the layer's width): choose from 1, 2, 3, 4, 6")
-    cases: list[CaseResult] = []
-    for p in world_sizes:
-        label = f"{p} rank{'s' if p > 1 else ''}"
-        if cases and len(cases[-1].lines) == 4 and all(x.endswith(NOT_WRITTEN) for x in cases[-1].lines):
-            cases.append(CaseResult(label, False, list(cases[-1].lines)))  # all four still stubs: no launch
-            continue
-        try:
-            per_rank = launch.run(run_checks, p, f, g, shard, row_linear, timeout=timeout)
-        except launch.RankError as err:
-            cases.append(not_written(label) if is_stub(err) else
-                         CaseResult(label, False, [f"rank {err.rank} failed: {str(err).splitlines()[0]}"]))
-            continue
-        lines = []
-        for r, problems in enumerate(per_rank):  # a stub is the same on every rank: say it once, unranked
-            lines += [msg if msg.endswith(NOT_WRITTEN) else f"rank {r}: {msg}" for msg in problems
-                      if f"{msg}" not in " ".join(lines)]
-        cases.append(CaseResult(label, not lines, lines[:6]))
-    return CheckResult("check_tensor_parallel", cases)
+
+
+def _run_case(label: str, p: int, pieces: tuple[Callable, ...], timeout: float) -> CaseResult:
+    """One launch on p ranks, its findings folded into one case."""
+    from distlab import launch
+
+    try:
+        per_rank = launch.run(run_checks, p, *pieces, timeout=timeout)
+    except launch.RankError as err:
+        return (not_written(label) if is_stub(err) else
+                CaseResult(label, False, [f"rank {err.rank} failed: {str(err).splitlines()[0]}"]))
+    lines: list[str] = []
+    for r, problems in enumerate(per_rank):  # a stub is the same on every rank: say it once, unranked
+        lines += [msg if msg.endswith(NOT_WRITTEN) else f"rank {r}: {msg}" for msg in problems
+                  if f"{msg}" not in " ".join(lines)]
+    return CaseResult(label, not lines, lines[:6])

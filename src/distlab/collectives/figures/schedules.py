@@ -49,20 +49,25 @@ def _margin_arrows(ax: Axes, x: float, ys: Sequence[float], sends: Sequence[tupl
 
 def _ring_panel(ax: Axes, schedule: list, states: list, k: int, arrows: bool) -> None:
     p, rs_steps = len(states[0]), sum(step[0].phase == REDUCE_SCATTER for step in schedule)
-    rows = states[k]
-    full = {(r, c) for r in range(p) for c in range(p) if rows[r][c] is not None and len(rows[r][c]) == p}
     if not arrows:
-        title = ("after reduce-scatter: rank r holds one full sum" if k == rs_steps
-                 else "after all-gather: every chunk is the full sum")
-        _grid(ax, rows, title, bold=full if k == rs_steps else set(), right=0.75)
+        _ring_state_panel(ax, states[k], k == rs_steps)
         return
     step = schedule[k]
     phase = step[0].phase
     number = k + 1 if phase == "reduce-scatter" else k + 1 - rs_steps
     verb = "adds it" if phase == "reduce-scatter" else "copies it"
-    ys = _grid(ax, rows, f"{phase} step {number} of {p - 1}: the receiver {verb}",
+    ys = _grid(ax, states[k], f"{phase} step {number} of {p - 1}: the receiver {verb}",
                bold={(r, s.send_chunk) for r, s in enumerate(step)}, right=0.75)
     _margin_arrows(ax, p, ys, [(r, s.send_to) for r, s in enumerate(step)])
+
+
+def _ring_state_panel(ax: Axes, rows: list, after_reduce_scatter: bool) -> None:
+    """The buffers after a phase, without arrows; after reduce-scatter the full sums in thick borders."""
+    p = len(rows)
+    full = {(r, c) for r in range(p) for c in range(p) if rows[r][c] is not None and len(rows[r][c]) == p}
+    title = ("after reduce-scatter: rank r holds one full sum" if after_reduce_scatter
+             else "after all-gather: every chunk is the full sum")
+    _grid(ax, rows, title, bold=full if after_reduce_scatter else set(), right=0.75)
 
 
 def ring_all_reduce_steps_figure(p: int = 4) -> Figure:
@@ -149,51 +154,89 @@ def _arrow(ax: Axes, a: tuple[float, float], b: tuple[float, float], colour: str
                                  shrinkA=7, shrinkB=7, zorder=2))
 
 
-def binomial_tree_figure(p: int = 8, root: int = 0) -> Figure:
-    """Binomial-tree broadcast: (a) the tree, edges coloured by round; (b) who holds the data when."""
-    steps = binomial_broadcast_steps(_check_p(p, "p", 1), root)
+def _tree_positions(steps: list, p: int, root: int) -> dict[int, tuple[float, float]]:
+    """Where each rank sits in the drawing of the tree: leaves left to right, parents above their children."""
     children: dict[int, list[int]] = {r: [] for r in range(p)}
     for pairs in steps:
         for src, dst in pairs:
             children[src].append(dst)
     pos: dict[int, tuple[float, float]] = {}
 
-    def place(node: int, depth: int) -> float:  # leaves left to right, parents above their children
+    def place(node: int, depth: int) -> float:
         xs = [place(c, depth + 1) for c in children[node]]
         pos[node] = (sum(xs) / len(xs) if xs else float(len([n for n in pos if not children[n]])), -depth)
         return pos[node][0]
 
     place(root, 0)
+    return pos
+
+
+def _draw_tree(tree: Axes, steps: list, pos: dict[int, tuple[float, float]], colour: dict[int, str],
+               root: int) -> None:
+    """Panel (a): the tree's edges coloured by round, and the ranks as numbered circles."""
+    for k, pairs in enumerate(steps):
+        for src, dst in pairs:
+            tree.plot(*zip(pos[src], pos[dst], strict=True), color=colour[dst], lw=2, zorder=1,
+                      label=f"round {k + 1}" if (src, dst) == pairs[0] else None)
+    for r, (x, y) in pos.items():
+        tree.scatter([x], [y], s=330, c="white", edgecolors="black", zorder=3)
+        tree.text(x, y, str(r), ha="center", va="center", zorder=4)
+    tree.set_title(f"(a) the tree rooted at rank {root}", loc="left")
+    if steps:
+        tree.legend(loc="upper left", frameon=False, borderaxespad=0)
+    tree.axis("off")
+    tree.margins(0.12)
+
+
+def _draw_holders(time: Axes, steps: list, colour: dict[int, str], p: int, root: int) -> None:
+    """Panel (b): round by round, the messages and which ranks hold the data."""
+    have = {root}
+    columns = ["start"] + [f"round {k + 1}" for k in range(len(steps))]
+    for k in range(len(steps) + 1):
+        if k:
+            for src, dst in steps[k - 1]:
+                _arrow(time, (k - 1, -src), (k, -dst), colour[dst])
+            have |= {dst for _, dst in steps[k - 1]}
+        time.scatter([k] * p, [-r for r in range(p)], s=110, zorder=3, edgecolors="0.3",
+                     c=[BLUE if r in have else "white" for r in range(p)])
+    _timeline_axes(time, p, columns)
+    time.set_title("(b) filled = holds the data", loc="left")
+
+
+def binomial_tree_figure(p: int = 8, root: int = 0) -> Figure:
+    """Binomial-tree broadcast: (a) the tree, edges coloured by round; (b) who holds the data when."""
+    steps = binomial_broadcast_steps(_check_p(p, "p", 1), root)
+    pos = _tree_positions(steps, p, root)
     colour = {dst: LINES[k % len(LINES)] for k, pairs in enumerate(steps) for _, dst in pairs}
     with mpl.rc_context(RC):
         fig, (tree, time) = plt.subplots(1, 2, figsize=(7.2, 0.33 * p + 1.6), layout="constrained",
                                          gridspec_kw={"width_ratios": [1, 1.3]})
-        for k, pairs in enumerate(steps):
-            for src, dst in pairs:
-                tree.plot(*zip(pos[src], pos[dst], strict=True), color=colour[dst], lw=2, zorder=1,
-                          label=f"round {k + 1}" if (src, dst) == pairs[0] else None)
-        for r, (x, y) in pos.items():
-            tree.scatter([x], [y], s=330, c="white", edgecolors="black", zorder=3)
-            tree.text(x, y, str(r), ha="center", va="center", zorder=4)
-        tree.set_title(f"(a) the tree rooted at rank {root}", loc="left")
-        if steps:
-            tree.legend(loc="upper left", frameon=False, borderaxespad=0)
-        tree.axis("off")
-        tree.margins(0.12)
-        have = {root}
-        columns = ["start"] + [f"round {k + 1}" for k in range(len(steps))]
-        for k in range(len(steps) + 1):
-            if k:
-                for src, dst in steps[k - 1]:
-                    _arrow(time, (k - 1, -src), (k, -dst), colour[dst])
-                have |= {dst for _, dst in steps[k - 1]}
-            time.scatter([k] * p, [-r for r in range(p)], s=110, zorder=3, edgecolors="0.3",
-                         c=[BLUE if r in have else "white" for r in range(p)])
-        _timeline_axes(time, p, columns)
-        time.set_title("(b) filled = holds the data", loc="left")
+        _draw_tree(tree, steps, pos, colour, root)
+        _draw_holders(time, steps, colour, p, root)
         fig.suptitle(f"Binomial-tree broadcast on p = {p} ranks: {len(steps)} = ceil(log2 p) rounds "
                      "(Thakur et al. 2005)", x=0.02, ha="left", fontsize=9.5)
     return done(fig)
+
+
+def _draw_partners(ax: Axes, rounds: list) -> None:
+    """One arrow per message of each round (both ways for an exchange), coloured by round."""
+    for k, (kind, pairs) in enumerate(rounds, 1):
+        for a, b in pairs:
+            _arrow(ax, (k - 1, -a), (k, -b), LINES[(k - 1) % len(LINES)])
+            if kind == "exchange":
+                _arrow(ax, (k - 1, -b), (k, -a), LINES[(k - 1) % len(LINES)])
+
+
+def _draw_sums(ax: Axes, states: list, folded: set[int], p: int) -> None:
+    """Each rank after each round: a circle with how many ranks its vector sums ("–" while folded away)."""
+    for k, state in enumerate(states):
+        idle = {r for r in folded if 0 < k < len(states) - 1}
+        for r, cell in enumerate(state):
+            n = len(cell or ())
+            fill = "white" if r in idle else BLUE if n == p else SKY_BLUE
+            ax.scatter([k], [-r], s=260, c=fill, edgecolors="0.3", zorder=3)
+            ax.text(k, -r, "–" if r in idle else str(n), ha="center", va="center", zorder=4,
+                    color="white" if fill == BLUE else "black", fontsize=8)
 
 
 def recursive_doubling_figure(p: int = 8) -> Figure:
@@ -206,19 +249,8 @@ def recursive_doubling_figure(p: int = 8) -> Figure:
                            enumerate(rounds, 0 if folded else 1)]
     with mpl.rc_context(RC):
         fig, ax = plt.subplots(figsize=(7.2, 0.42 * p + 1.3), layout="constrained")
-        for k, (kind, pairs) in enumerate(rounds, 1):
-            for a, b in pairs:
-                _arrow(ax, (k - 1, -a), (k, -b), LINES[(k - 1) % len(LINES)])
-                if kind == "exchange":
-                    _arrow(ax, (k - 1, -b), (k, -a), LINES[(k - 1) % len(LINES)])
-        for k, state in enumerate(states):
-            idle = {r for r in folded if 0 < k < len(states) - 1}
-            for r, cell in enumerate(state):
-                n = len(cell or ())
-                fill = "white" if r in idle else BLUE if n == p else SKY_BLUE
-                ax.scatter([k], [-r], s=260, c=fill, edgecolors="0.3", zorder=3)
-                ax.text(k, -r, "–" if r in idle else str(n), ha="center", va="center", zorder=4,
-                        color="white" if fill == BLUE else "black", fontsize=8)
+        _draw_partners(ax, rounds)
+        _draw_sums(ax, states, folded, p)
         _timeline_axes(ax, p, columns)
         note = "" if not folded else (f"; p is not a power of two, so ranks {sorted(folded)} fold their "
                                       "vectors into a partner first and get the result back last")

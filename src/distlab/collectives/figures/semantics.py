@@ -38,21 +38,31 @@ def _label(cell: Cell) -> str:
     """"A₀+B₀" for short sums (two lines past two terms), "Σ A–H" for long ones."""
     if cell is None:
         return ""
-    terms = [t.translate(_SUB) for t in cell]
     suffixes = {t[1:] for t in cell}
     if len(cell) <= 4 or len(set(cell)) < len(cell) or len(suffixes) > 1:
-        half = 2 if len(terms) > 2 else len(terms)
-        return "+".join(terms[:half]) + ("\n+" + "+".join(terms[half:]) if terms[half:] else "")
-    codes = sorted(ord(t[0]) for t in cell)
+        return _written_out(cell)
+    text = ",".join(f"{chr(r[0])}–{chr(r[-1])}" if len(r) > 2 else ",".join(map(chr, r))
+                    for r in _runs(sorted(ord(t[0]) for t in cell)))
+    suffix = suffixes.pop().translate(_SUB)
+    return f"Σ({text}){suffix}" if suffix else f"Σ {text}"
+
+
+def _written_out(cell: Sequence[str]) -> str:
+    """Every term with its subscript, "A₀+B₀", on two lines past two terms."""
+    terms = [t.translate(_SUB) for t in cell]
+    half = 2 if len(terms) > 2 else len(terms)
+    return "+".join(terms[:half]) + ("\n+" + "+".join(terms[half:]) if terms[half:] else "")
+
+
+def _runs(codes: list[int]) -> list[list[int]]:
+    """Sorted codes as runs of consecutive values: [65, 66, 67, 70] -> [[65, 66, 67], [70]]."""
     runs: list[list[int]] = []
     for c in codes:
         if runs and c == runs[-1][-1] + 1:
             runs[-1].append(c)
         else:
             runs.append([c])
-    text = ",".join(f"{chr(r[0])}–{chr(r[-1])}" if len(r) > 2 else ",".join(map(chr, r)) for r in runs)
-    suffix = suffixes.pop().translate(_SUB)
-    return f"Σ({text}){suffix}" if suffix else f"Σ {text}"
+    return runs
 
 
 def _colour(term: str) -> str:
@@ -89,17 +99,24 @@ def _grid(ax: Axes, rows: Sequence[Sequence[Cell]], title: str, ys: Sequence[flo
             ax.text(0.05, y, "(no output)", va="center", color="0.4", fontsize=fs, style="italic")
         for c, cell in enumerate(buf):
             _draw_cell(ax, c, y, cell, (r, c) in bold, fs, r in faded)
+    _grid_axes(ax, ys, ncols, right, headers,
+               names if names is not None else [f"rank {r}" for r in range(len(rows))])
+    ax.set_title(title, loc="left")
+    return ys
+
+
+def _grid_axes(ax: Axes, ys: list[float], ncols: int, right: float, headers: bool,
+               names: Sequence[str]) -> None:
+    """The grid's frame: limits around the cells, rank names on the left, chunk headers on top, no spines."""
     ax.set_xlim(-0.06, ncols + right)
     ax.set_ylim(min(ys) - 0.55, max(ys) + 0.55)
-    ax.set_yticks(ys, names if names is not None else [f"rank {r}" for r in range(len(rows))])
+    ax.set_yticks(ys, names)
     ax.set_xticks([c + 0.46 for c in range(ncols)] if headers else [],
                   [f"c{c}" for c in range(ncols)] if headers else [])
     ax.xaxis.tick_top()
     ax.tick_params(length=0, pad=2)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    ax.set_title(title, loc="left")
-    return ys
 
 
 def semantics_figure(collective: str, p: int = 4, root: int = 0) -> Figure:
