@@ -3,8 +3,8 @@
 ZeRO stages 2 and 3 reduce-scatter a bucket's gradient from a hook, as soon as every parameter in it has
 one (Rajbhandari et al. 2020, sec. 5.2). If a rank skips a parameter that another rank uses (a branch
 taken on one rank only), its bucket never fills there, so the ranks issue their collectives in different
-orders: a hang, or worse, two different buckets summed into each other. DDP refuses the same situation
-(Li et al. 2020, sec. 3.2.3, `find_unused_parameters`). One all-reduce of a bitmask per parameter, bit r
+orders: a hang, or worse, two different buckets summed into each other. DDP has the same hazard (Li et al.
+2020, PyTorch Distributed; its `find_unused_parameters`). One all-reduce of a bitmask per parameter, bit r
 set when group-rank r computed its gradient, tells every rank who used what: 0 is "no rank" (torch.optim
 skips the parameter), all n bits is "every rank", anything between raises the same error on every rank.
 """
