@@ -35,15 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab.comm_log import where
 from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
 from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
 from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
 from distlab.memory.zero.stage3 import ParameterGather
+from distlab.memory.zero.uneven import CONTROL, agree_on_usage
 from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
-
-# The comm_log label of ZeRO's control messages (which parameters got a gradient): not the paper's volume.
-CONTROL = "zero_control"
 
 __all__ = ["CONTROL", "STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
@@ -266,17 +263,16 @@ class ZeRO:
         """Per unit and parameter: did it get a gradient on any rank this step? torch.optim skips a
         parameter whose .grad is None; ZeRO does the same for one that got no gradient anywhere. One
         all-reduce of a flag per parameter, a control message outside the paper's volume: not in ZeRO's own
-        log, and labelled CONTROL in any open `distlab.comm_log`, so that byte counts can leave it out."""
-        used = torch.tensor([u for unit in self.units for u in unit.used], dtype=torch.uint8)
-        flags = used.to(self.units[0].flat.device, torch.int32)
-        with where(CONTROL):
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        if flags.is_meta:  # a dry run (chapter 12): no values come back; every rank's flags are this rank's
-            flags = used
+        log, and labelled CONTROL in any open `distlab.comm_log`, so that byte counts can leave it out.
+        A parameter with a gradient on some ranks only is a RuntimeError on every rank (`uneven`)."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        flags = agree_on_usage([u for unit in self.units for u in unit.used],
+                               [names.get(id(p), "?") for unit in self.units for p in unit.layout.params],
+                               self.group, device=self.units[0].flat.device, who=f"ZeRO stage {self.stage}")
         out, k = [], 0
         for unit in self.units:
             m = len(unit.layout.params)
-            out.append([bool(f) for f in flags[k:k + m].tolist()])
+            out.append(flags[k:k + m])
             k += m
         return out
 

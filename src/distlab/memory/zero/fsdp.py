@@ -40,6 +40,7 @@ from distlab.memory.zero.buckets import Bucket
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.flat import alloc_storage, free_storage
 from distlab.memory.zero.state_dict import full_state, load_full_state
+from distlab.memory.zero.uneven import agree_on_usage
 from distlab.memory.zero.validate import check_group
 
 
@@ -196,12 +197,13 @@ class ShardedUnit:
         """End of a backward, run once by the root: finish every unit, drop gradients nobody computed."""
         self.final_queued = False
         units = list(_units(self.module))
-        used = torch.tensor([int(k in u.used) for u in units for k in range(len(u.full))], dtype=torch.int32,
-                            device=units[0].master.device)  # NCCL reduces only tensors on the GPU
-        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)
+        used = agree_on_usage([k in u.used for u in units for k in range(len(u.full))],
+                              [_name(self.module, sub, name) for u in units for (sub, name), *_ in u.owners],
+                              self.group, device=units[0].master.device,  # NCCL: tensors on the GPU
+                              who="fully_shard (ZeRO stage 3)")
         start = 0
         for u in units:
-            flags = used[start:start + len(u.full)].tolist()
+            flags = used[start:start + len(u.full)]
             start += len(u.full)
             if u.got or (any(flags) and not u.used):
                 u.reduce()

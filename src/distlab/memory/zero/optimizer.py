@@ -14,10 +14,14 @@ moments, SGD's momentum) is 1/N of the whole. Per step:
   new parameters.
 
 A parameter that got no gradient on any rank gets `.grad = None` on its slice, so the inner optimizer
-skips it exactly as on one process. Parameter groups (their own lr, weight_decay, ...) are kept: slice
-groups mirror them, and `param_groups` is the user's, so learning-rate schedulers work. Optimizers that
-work element by element (SGD, Adam, AdamW, RMSprop, Adagrad...) give the same result on slices (rows of
-dim 0, `buckets`) as on whole tensors; one that reads a tensor's shape (Adafactor) does not, and is
+skips it exactly as on one process. One that got a gradient on some ranks only is an error on every rank
+(`uneven.agree_on_usage`), found before any bucket could be reduced out of step: stage 2 reduces the
+buckets in one order, each as soon as it and all before it are full, and the rest at the end of the
+backward, so every rank issues the same collectives whatever it used, and then compares.
+Parameter groups (their own lr, weight_decay, ...) are kept: slice groups mirror them, and
+`param_groups` is the user's, so learning-rate schedulers work. Optimizers that work element by element
+(SGD, Adam, AdamW, RMSprop, Adagrad...) give the same result on slices (rows of dim 0, `buckets`) as on
+whole tensors; one that reads a tensor's shape (Adafactor) does not, and is
 refused.
 """
 
@@ -33,6 +37,7 @@ from torch import Tensor, nn
 from distlab.memory.zero.buckets import Bucket, make_buckets
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.state_dict import full_state, load_full_state, sharded_state
+from distlab.memory.zero.uneven import agree_on_usage
 from distlab.memory.zero.validate import check_group
 
 SHAPE_AWARE = ("Adafactor", "Muon", "LBFGS", "SparseAdam")  # these read a parameter's shape or history
@@ -63,6 +68,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.group, self.stage = group, stage
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         everything = [p for g in self.param_groups for p in g["params"]]
+        self.names = {id(p): name for g in self.param_groups for p, name in
+                      zip(g["params"], g.get("param_names", [None] * len(g["params"])), strict=True)}
+        for k, p in enumerate(everything):  # named_parameters() gives names; a plain list, positions
+            self.names[id(p)] = self.names[id(p)] or f"parameter {k} of shape {tuple(p.shape)}"
         for p in everything:
             dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
         self.buckets = make_buckets(list(reversed(everything)), self.n, bucket_numel)  # backward order
@@ -88,6 +97,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._got: dict[int, set[int]] = {i: set() for i in range(len(self.buckets))}
         self._reduced = False
         self._done: set[int] = set()  # stage 2: buckets reduce-scattered at least once this step
+        self._next = 0  # stage 2: the bucket to reduce next in this backward (buckets go in one order)
+        self._need = [sum(p.requires_grad for p in b.params) for b in self.buckets]
+        self._seen: set[int] = set()  # stage 2: parameters that got a gradient in this backward
+        self._anywhere: set[int] | None = None  # stage 2: used on every rank, agreed at a backward's end
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(i, k))
                       for i, b in enumerate(self.buckets) for k, p in enumerate(b.params)
                       if stage == 2 and p.requires_grad]
@@ -104,11 +117,30 @@ class ShardedOptimizer(torch.optim.Optimizer):
             buf = self._buffer(i)
             self.buckets[i].copy_in(buf, k, p.grad)
             p.grad = None
+            if not self._seen:  # the first gradient of this backward: agree at its end
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
             self._used.add(id(p))
+            self._seen.add(id(p))
             self._got[i].add(k)
-            if len(self._got[i]) == len(self.buckets[i].params):
-                self._reduce(i)
+            while self._next < len(self.buckets) and len(self._got[self._next]) == self._need[self._next]:
+                self._reduce(self._next)  # in bucket order only: the same collectives on every rank
+                self._next += 1
         return hook
+
+    def _end_backward(self) -> None:
+        """Stage 2, end of a backward: reduce the buckets not reduced yet, in order (those holding a
+        parameter unused here too), then agree on which parameters got a gradient: every rank has issued
+        the same collectives, so a rank that used other parameters is found here, not by a hang."""
+        for i in range(self._next, len(self.buckets)):
+            self._reduce(i)
+        self._next = 0
+        self._wait()
+        params = [p for b in self.buckets for p in b.params]
+        seen = [id(p) in self._seen for p in params]
+        self._seen.clear()
+        anywhere = self._agree(params, seen)
+        now = {id(p) for p, a in zip(params, anywhere, strict=True) if a}
+        self._anywhere = (self._anywhere or set()) | now
 
     def _reduce(self, i: int) -> None:
         """Start reduce-scattering bucket i's gradient buffer into this rank's slices. Stage 2 first
@@ -154,14 +186,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced = True
         self._drop_unused()
 
+    def _agree(self, params: list[Tensor], used: list[bool]) -> list[bool]:
+        return agree_on_usage(used, [self.names[id(p)] for p in params], self.group,
+                              device=params[0].device if params else None,  # NCCL: on the GPU
+                              who=f"ShardedOptimizer (ZeRO stage {self.stage})")
+
     def _drop_unused(self) -> None:
-        """A byte per parameter, all-reduced: which had a gradient on some rank. torch.optim skips a
-        parameter whose .grad is None; the slices of one that no rank computed get None too."""
+        """Which parameters had a gradient on some rank (stage 2: agreed at each backward's end; else one
+        all-reduce now, an error if the ranks differ). torch.optim skips a parameter whose .grad is None;
+        the slices of one that no rank computed get None too."""
         params = [p for b in self.buckets for p in b.params]
-        used = torch.tensor([id(p) in self._used for p in params], dtype=torch.int32,
-                            device=params[0].device if params else None)  # NCCL: on the GPU
-        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.group)
-        for flag, p in zip(used.tolist(), params, strict=True):
+        if self._anywhere is not None:
+            anywhere = [id(p) in self._anywhere for p in params]
+        else:
+            anywhere = self._agree(params, [id(p) in self._used for p in params])
+        for flag, p in zip(anywhere, params, strict=True):
             if not flag:
                 self.shards[id(p)].grad = None
 
@@ -201,6 +240,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced = False
         self._used.clear()
         self._done.clear()
+        self._anywhere = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: every `p.grad` and every slice's."""
@@ -209,6 +249,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             s.grad = None
         self._used.clear()
         self._done.clear()
+        self._anywhere = None
         self._reduced = False
 
     # -- state dicts
