@@ -57,3 +57,17 @@ def test_a_dead_helper_is_replaced_and_fork_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("DISTLAB_LAUNCH_FORK", "0")
     assert not zygote.usable()
     assert launch.run(_parent, 2) == [os.getpid()] * 2  # python -c children of this process
+
+
+def _signal_dispositions() -> dict:
+    return {name: signal.getsignal(getattr(signal, name)) for name in ("SIGPIPE", "SIGINT", "SIGTERM")}
+
+
+def test_a_forked_rank_handles_signals_as_a_fresh_python(monkeypatch):
+    # SIGPIPE ignored (a write to a peer's closed socket raises instead of killing the rank, so the report
+    # blames the rank that failed), Ctrl-C a KeyboardInterrupt, SIGTERM the default.
+    forked = launch.run(_signal_dispositions, 1)[0]
+    monkeypatch.setenv("DISTLAB_LAUNCH_FORK", "0")
+    fresh = launch.run(_signal_dispositions, 1)[0]
+    assert forked == fresh
+    assert forked["SIGPIPE"] == signal.SIG_IGN and forked["SIGINT"] is signal.default_int_handler

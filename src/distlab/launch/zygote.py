@@ -92,8 +92,13 @@ def _become_rank(request: dict) -> None:
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
         sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        # as in a fresh Python: Ctrl-C raises KeyboardInterrupt, SIGTERM and SIGUSR1 kill (until the worker
+        # installs its handlers); SIGPIPE stays ignored (Python's start-up ignores it, so a write to a
+        # closed socket raises BrokenPipeError, which gloo's peers report, instead of killing the rank)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+            signal.signal(s, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
