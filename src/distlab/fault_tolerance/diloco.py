@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from distlab.comm_log import where
-from distlab.fault_tolerance.local_sgd import average_, check_outer_lr, check_sync_every
+from distlab.fault_tolerance.local_sgd import LocalSGD, average_, check_outer_lr
 from distlab.reference import Optimizer
 
 
@@ -81,29 +81,22 @@ class OuterSync:
         self.pseudo_gradients = deltas
 
 
-class DiLoCo:
+class DiLoCo(LocalSGD):
     """DiLoCo over `group`: call `step()` in place of `inner.step()`; every `sync_every`-th call ends the
-    round with an outer step (Douillard et al. 2023, Algorithm 1)."""
+    round with an outer step (Douillard et al. 2023, Algorithm 1). Local SGD's loop (`LocalSGD.step`),
+    with the parameter average replaced by the outer step on the averaged pseudo-gradient."""
 
     def __init__(self, model: nn.Module, inner: Optimizer, sync_every: int, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, nesterov: bool = True,
                  group: dist.ProcessGroup | None = None, sync_dtype: torch.dtype | None = None) -> None:
-        self.model, self.inner = model, inner
-        self.sync_every = check_sync_every(sync_every)
+        super().__init__(model, inner, sync_every, group)
         self.outer = OuterSync(list(model.parameters()), OuterNesterov(outer_lr, outer_momentum, nesterov),
                                group, sync_dtype)
-        self.local_step = 0
-        self.syncs = 0
 
-    def step(self) -> bool:
-        """One inner step; returns True when it ended a round (an outer step)."""
-        self.inner.step()
-        self.local_step += 1
-        if self.local_step % self.sync_every:
-            return False
+    def sync(self) -> None:
+        """The outer step: average the pseudo-gradients over `group`, step the global copy, adopt it."""
         self.outer.sync()
         self.syncs += 1
-        return True
 
     @property
     def pseudo_gradients(self) -> list[Tensor]:
