@@ -84,7 +84,7 @@ def _checks(p: int, dev: torch.device, root: str) -> dict:
         return rep.passed, rep.verdict()
 
     def tensor_parallel():
-        config = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=p, n_embd=8 * p)
+        config = GPTConfig(vocab_size=4 * p, block_size=8, n_layer=2, n_head=p, n_embd=8 * p)
         rep = compare_with_dense(config, batch=2, seq=8, device=dev)
         return rep.passed, rep.verdict()
 
@@ -105,6 +105,14 @@ def _checks(p: int, dev: torch.device, root: str) -> dict:
         X, y = torch.randn(4 * p, 8, generator=g), torch.randn(4 * p, 4, generator=g)
         return steps_on_rank([("1f1b", 2 * p, 1), ("interleaved", 2 * p, 2)], sizes, X, y)
 
+    def pipeline_gpt():  # the tied embedding's two partial gradients summed across the first and last stage
+        from distlab.pipeline.gpt import gpt_pipeline_step
+        from distlab.pipeline.schedules import make_schedule
+
+        config, idx, targets = _gpt_pipeline_problem(p)
+        schedule = make_schedule("1f1b", p, 2 * p, 1, rendezvous_safe=True)
+        return [gpt_pipeline_step(config, idx, targets, schedule, device=dev)]
+
     def three_d():
         plan = _plan_3d(p)
         config = GPTConfig(vocab_size=16, block_size=8, n_layer=2 * plan.pp, n_head=4, n_embd=16)
@@ -116,7 +124,18 @@ def _checks(p: int, dev: torch.device, root: str) -> dict:
 
     return {"collectives": collectives, "data_parallel": data_parallel, "tensor_parallel": tensor_parallel,
             "moe": moe, "context_parallel": context_parallel, "zero": zero, "pipeline": pipeline,
+            "pipeline_gpt": pipeline_gpt,
             "3d": three_d, "checkpoints": checkpoints}
+
+
+def _gpt_pipeline_problem(p: int):
+    """A GPT of 2p blocks (one per stage of a p-stage pipeline, plus room for uneven cuts) and its batch."""
+    from distlab.models import GPTConfig
+
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=2 * p, n_head=2, n_embd=8, dropout=0.0)
+    g = torch.Generator().manual_seed(5)
+    idx, targets = (torch.randint(16, (4 * p, 8), generator=g) for _ in range(2))
+    return config, idx, targets
 
 
 def _zero_with_offload(task, dev: torch.device, p: int, r: int) -> tuple[bool, str]:
@@ -215,6 +234,13 @@ def _verdicts(per_rank: list[dict], p: int) -> dict[str, tuple[bool, str]]:
             reports = [step_parity(merge([rank[i] for rank in results]), reference_step(sizes, X, y),
                                    label=label) for i, label in enumerate(("1f1b", "interleaved"))]
             verdicts[name] = (all(r.passed for r in reports), "; ".join(r.verdict() for r in reports))
+        elif name == "pipeline_gpt":
+            from distlab.pipeline.gpt import gpt_reference_step
+
+            config, idx, targets = _gpt_pipeline_problem(p)
+            rep = step_parity(merge([rank[0] for rank in results]), gpt_reference_step(config, idx, targets),
+                              label="GPT 1f1b, tied embedding")
+            verdicts[name] = (rep.passed, rep.verdict())
         else:  # 3d
             plan = _plan_3d(p)
             config = GPTConfig(vocab_size=16, block_size=8, n_layer=2 * plan.pp, n_head=4, n_embd=16)

@@ -45,6 +45,9 @@ def test_the_report_names_the_node_and_every_test_that_did_not_pass(tmp_path):
     assert not report.passed(run | {"tests": [tests[0], tests[2]], "pytest_status": 0})  # a skip is no pass
     assert not report.passed({"environment": ENV, "tests": [], "pytest_status": 0})  # nothing ran
     assert report.passed(run | {"tests": [tests[0]], "pytest_status": 0})
+    small = {"test": "tests/t.py::two", "outcome": "skipped", "message": "needs at least 2 CUDA GPUs: ..."}
+    assert report.passed(run | {"tests": [tests[0], small], "pytest_status": 0})  # the node is too small
+    assert not report.passed(run | {"tests": [small], "pytest_status": 0})  # but something must have run
     name = slug(ENV)
     assert name == "nvidia-h100-80gb-hbm3-x1"
     js, txt = report.write(run, tmp_path / "gpu", name)

@@ -237,8 +237,8 @@ def _torch_fused_on_gpu() -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="torch's fused ops need symmetric memory on "
-                    "at least 2 CUDA GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs at least 2 CUDA GPUs: torch's fused ops "
+                    "share symmetric memory across GPUs")
 def test_against_torch_fused_ops_on_gpus():
     # float32 with TF32 possibly on: the two sum the same products in different orders and tilings
     for diff in launch.run(_torch_fused_on_gpu, min(torch.cuda.device_count(), 4), backend="nccl"):

@@ -23,6 +23,7 @@ from torch.distributed import ProcessGroup
 from distlab import launch
 from distlab.collectives.algorithms import ALGORITHMS
 from distlab.collectives.busbw import BUILTIN, COLLECTIVES, Row, busbw_factor, format_table
+from distlab.dist_compat import all_gather_single, reduce_scatter_single
 
 # Collectives whose size is split evenly over the ranks: nccl-tests rounds the count down to a multiple of p.
 _SPLIT = ("reduce_scatter", "all_gather", "all_to_all", "scatter", "gather")
@@ -95,8 +96,7 @@ def _ours(collective: str, algo: Any, ranks_per_node: int, whole: Any, part: Any
 def _builtin(collective: str, count: int, p: int, zeros: Callable[[int], torch.Tensor], whole: Any,
              part: Any, parts: Any, g: ProcessGroup | None) -> Callable[[], object]:
     """One call of torch.distributed's own collective on the buffers (with its output buffers)."""
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter, all_gather = reduce_scatter_single, all_gather_single
     out: Any = None  # the built-ins' output buffers
     if collective == "all_gather":
         out = zeros(count)

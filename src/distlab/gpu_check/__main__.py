@@ -2,8 +2,9 @@
 
 1. `pytest -m gpu` on the repository's tests (tests/test_gpu*.py): every chapter on NCCL at world size 1
    and at one rank per GPU, gloo over CUDA tensors, chapter 7's measured peak against its prediction;
-2. the measurements (`bench`): host-to-device, device-to-host, device-to-device and GPU-to-GPU
-   bandwidth (chapter 8), and the all_reduce bus bandwidth over every GPU (chapter 1);
+2. the measurements: chapter 7's peak against its prediction (`bench`), one transformer block's kernel
+   efficiency eta for chapter 9's planner (`block`), host-to-device, device-to-host, device-to-device and
+   GPU-to-GPU bandwidth (chapter 8), and the all_reduce bus bandwidth over every GPU (chapter 1);
 3. one report, JSON and text, under assets/gpu/ (`report`), naming the GPU, driver, CUDA, NCCL and torch.
 
 Exit status 0 only if every test passed and every measurement ran. Without CUDA it says it found no
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from distlab.gpu_check import bench, environment, report
+from distlab.gpu_check import bench, block, environment, report
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: src/distlab/gpu_check/__main__.py
 NO_GPU = ("distlab gpu-check: found no GPU (torch.cuda.is_available() is False); nothing was run, nothing "
@@ -42,9 +43,11 @@ def parser() -> argparse.ArgumentParser:
 def run_tests(tests: str) -> tuple[list[dict], int]:
     """`pytest -m gpu` in a child process (a fresh CUDA context, its output shown as it runs); the
     outcome of every test and pytest's exit status."""
+    # only the files that hold gpu tests: importing the others would only skip or deselect them
+    files = sorted(str(f) for f in Path(tests).glob("test_*.py") if "pytest.mark.gpu" in f.read_text())
     with tempfile.TemporaryDirectory(prefix="distlab-gpu-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-m", "gpu", tests, "-p", "no:cacheprovider", "-rA",
+        command = [sys.executable, "-m", "pytest", "-m", "gpu", *files, "-p", "no:cacheprovider", "-rA",
                    f"--junitxml={xml}", "-o", "addopts="]
         status = subprocess.call(command, cwd=ROOT)
         return (report.test_outcomes(xml) if xml.is_file() else []), status
@@ -52,7 +55,8 @@ def run_tests(tests: str) -> tuple[list[dict], int]:
 
 def measure(out: dict) -> None:
     """Every measurement into `out`; one that raises is recorded in out["errors"], the others still run."""
-    for key, fn in (("memory", bench.memory_check), ("bandwidth", bench.bandwidth), ("busbw", bench.busbw)):
+    for key, fn in (("memory", bench.memory_check), ("block", block.block_efficiency),
+                    ("bandwidth", bench.bandwidth), ("busbw", bench.busbw)):
         try:
             out[key] = fn()
         except Exception:

@@ -95,9 +95,9 @@ def gpt_pipeline_step(config: GPTConfig, idx: Tensor, targets: Tensor, schedule:
     S = schedule.num_stages
     bounds = balanced_boundaries(parameter_costs(layers), S)
     xs, ys = split_microbatches(idx, targets, schedule.m)
+    shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))  # on the CPU, before any `.to(device)`
     mine = {s: nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(device)
             for s in range(S) if schedule.rank_of(s) == rank}
-    shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))
     run = run_schedule(schedule, mine, xs, ys, lm_loss, shapes, group, device)
     tie_embedding_gradients(gpt.wte.weight, schedule, group, rank)
     names = {id(param): name for name, param in gpt.named_parameters()}

@@ -92,9 +92,11 @@ def pipeline_step(sizes: Sequence[int], X: Tensor, y: Tensor, schedule: Schedule
     S = schedule.num_stages
     bounds = _stage_bounds(layers, S, boundaries)
     xs, ys = split_microbatches(X, y, schedule.m)
+    # the boundary shapes come from a forward of the whole MLP on the CPU, before this rank's stages move
+    # to its device (`.to` moves the layers themselves, which that forward runs)
+    shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))
     mine = {s: torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]).to(device)
             for s in range(S) if schedule.rank_of(s) == rank}
-    shapes = dict(enumerate(boundary_shapes(layers, bounds, xs[0])))
     run = run_schedule(schedule, mine, xs, ys, F.mse_loss, shapes, group, device)
     grads, params = {}, {}
     with torch.no_grad():

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from distlab.comm_log import where
+from distlab.dist_compat import all_gather_single
 from distlab.memory.fp8.formats import E4M3, Fp8Format
 from distlab.memory.fp8.scaling import amax_to_scale, block_amax, quantize
 
@@ -43,9 +44,8 @@ def shard_rows(weight: Tensor, rank: int, world: int) -> Tensor:
 
 def _gather(t: Tensor, group: dist.ProcessGroup | None) -> Tensor:
     p = dist.get_world_size(group)
-    out = torch.empty(p * t.shape[0], *t.shape[1:], dtype=t.dtype)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.13's name
-    gather(out, t.contiguous(), group=group)
+    out = torch.empty(p * t.shape[0], *t.shape[1:], dtype=t.dtype, device=t.device)
+    all_gather_single(out, t.contiguous(), group=group)
     return out
 
 

@@ -7,10 +7,11 @@ and an all-reduce (a reduce-scatter followed by an all-gather) sends twice that,
 `CommLog` records, for every call, the op, the size of the whole buffer B, the group size N, and those
 bytes sent; the lab and the tests compare the sums with the paper's 2 Psi and 3 Psi.
 
-The wrappers call `torch.distributed.reduce_scatter_single` and `all_gather_single` (torch 2.13's names
-for `reduce_scatter_tensor` and `all_gather_into_tensor`); gloo implements both on CPU and NCCL on GPU,
-so no fallback is needed. ZeRO pads its flat buffers to a multiple of N elements (see `flat`), so
-its byte counts are exact integers; for other buffers (PowerSGD's) the count is rounded down.
+The wrappers call `reduce_scatter_single` and `all_gather_single` (torch 2.13's names for
+`reduce_scatter_tensor` and `all_gather_into_tensor`, taken from `distlab.dist_compat` so that an older
+torch works too); gloo implements both on CPU and NCCL on GPU. ZeRO pads its flat buffers to a multiple
+of N elements (see `flat`), so its byte counts are exact integers; for other buffers (PowerSGD's) the
+count is rounded down.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 from torch import Tensor
+
+from distlab.dist_compat import all_gather_single, reduce_scatter_single
 
 # How many times a ring collective sends (N - 1)/N of the buffer from each rank.
 RING_PASSES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
@@ -78,7 +81,7 @@ def reduce_scatter(shard: Tensor, full: Tensor, group: dist.ProcessGroup | None 
     """`shard` (len B/N) := the sum over `group` of this rank's chunk of `full` (len B); rank i of the
     group gets chunk i. With `async_op=True` returns the work handle: `.wait()` before reading `shard`."""
     _log(log, "reduce_scatter", full, group, tag)
-    return dist.reduce_scatter_single(shard, full, group=group, async_op=async_op)
+    return reduce_scatter_single(shard, full, group=group, async_op=async_op)
 
 
 def all_gather(full: Tensor, shard: Tensor, group: dist.ProcessGroup | None = None,
@@ -86,7 +89,7 @@ def all_gather(full: Tensor, shard: Tensor, group: dist.ProcessGroup | None = No
     """`full` (len B) := the concatenation of every rank's `shard` in group-rank order. With
     `async_op=True` returns the work handle: call `.wait()` before reading `full`."""
     _log(log, "all_gather", full, group, tag)
-    return dist.all_gather_single(full, shard, group=group, async_op=async_op)
+    return all_gather_single(full, shard, group=group, async_op=async_op)
 
 
 def ring_sent_bytes(op: str, buffer_bytes: int, group_size: int) -> int:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils._pytree import tree_map
 
+from distlab.dist_compat import all_gather_single, reduce_scatter_single
 from distlab.memory.zero.buckets import Bucket
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.flat import alloc_storage, free_storage
@@ -111,7 +112,7 @@ class ShardedUnit:
             return
         b = self.bucket
         out = torch.empty(b.n, b.width, dtype=self.compute_dtype, device=self.master.device)
-        dist.all_gather_single(out.view(-1), self.master.to(self.compute_dtype), group=self.group)
+        all_gather_single(out.view(-1), self.master.to(self.compute_dtype), group=self.group)
         for k, w in enumerate(self.full):
             alloc_storage(w)
             b.copy_out(out, k, w.data)  # .data: a refill does not bump the version autograd saved
@@ -175,7 +176,7 @@ class ShardedUnit:
             b = self.bucket
             self.grad_buffer = torch.zeros(b.n, b.width, dtype=self.reduce_dtype, device=self.master.device)
         out = torch.empty(self.bucket.width, dtype=self.reduce_dtype, device=self.master.device)
-        work = dist.reduce_scatter_single(out, self.grad_buffer.view(-1), group=self.group, async_op=True)
+        work = reduce_scatter_single(out, self.grad_buffer.view(-1), group=self.group, async_op=True)
         self.pending = (work, out)
         self.grad_buffer = None
         self.got.clear()
@@ -263,7 +264,7 @@ def full_parameters(model: nn.Module) -> dict[str, Tensor]:
     for u in _units(model):
         b = u.bucket
         whole = torch.empty(b.n, b.width, dtype=u.master.dtype, device=u.master.device)
-        dist.all_gather_single(whole.view(-1), u.master, group=u.group)
+        all_gather_single(whole.view(-1), u.master, group=u.group)
         for k, owners in enumerate(u.owners):
             t = torch.empty(u.full[k].shape, dtype=u.master.dtype, device=u.master.device)
             b.copy_out(whole, k, t)

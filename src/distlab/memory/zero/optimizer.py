@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab.dist_compat import all_gather_single, reduce_scatter_single
 from distlab.memory.zero.buckets import Bucket, make_buckets
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.state_dict import full_state, load_full_state, sharded_state
@@ -151,7 +152,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         del self._grad_bufs[i]
         b = self.buckets[i]
         out = torch.empty(b.width, dtype=b.dtype, device=b.params[0].device)
-        work = dist.reduce_scatter_single(out, buf.view(-1), group=self.group, async_op=True)
+        work = reduce_scatter_single(out, buf.view(-1), group=self.group, async_op=True)
         self._pending.append((i, work, out, buf))
         self._got[i].clear()
         self._done.add(i)
@@ -234,7 +235,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 shard = self.shards[id(p)]
                 b.local(mine, k)[:shard.numel()].copy_(shard.reshape(-1))
             full = torch.empty(b.n, b.width, dtype=b.dtype, device=mine.device)
-            dist.all_gather_single(full.view(-1), mine, group=self.group)
+            all_gather_single(full.view(-1), mine, group=self.group)
             for k, p in enumerate(b.params):
                 b.copy_out(full, k, p.detach())
         self._reduced = False

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
+
+from distlab.dist_compat import all_gather_single
 
 SCALAR_KEYS = ("step",)  # per-parameter counters, kept whole on every rank
 
@@ -57,7 +58,7 @@ def full_state(opt: Any) -> dict[str, Any]:
             mine = torch.zeros(size, dtype=value.dtype, device=value.device)  # padded: equal pieces
             mine[:value.numel()].copy_(value.reshape(-1))
             whole = torch.empty(opt.n * size, dtype=value.dtype, device=value.device)
-            dist.all_gather_single(whole, mine, group=opt.group)
+            all_gather_single(whole, mine, group=opt.group)
             state[idx][key] = whole[:p.numel()].view(p.shape).clone()
     return {"state": state, "param_groups": _groups(opt)}
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab.dist_compat import all_gather_single
 from distlab.memory.zero import ZeRO
 from distlab.parallel3d.checkpoint.contract import ShardedParam
 
@@ -39,7 +39,7 @@ def zero_state(zero: ZeRO, model: nn.Module, params: list[ShardedParam]) -> dict
             full = local
             if zero.stage > 0:
                 full = torch.empty(unit.layout.padded_numel, dtype=local.dtype, device=local.device)
-                dist.all_gather_single(full, local, group=zero.group)
+                all_gather_single(full, local, group=zero.group)
             for p, view in zip(unit.layout.params, unit.layout.views(full), strict=True):
                 out[key].append(replace(by_name[names[id(p)]], local=view))
     return out
