@@ -92,7 +92,9 @@ def block_forward(x: Tensor, w: dict[str, Tensor], s: BlockShape) -> Tensor:
     a = F.rms_norm(x, (h,), w["ln1"]) @ w["qkv"].T
     q, k, v = a.split([s.heads // s.tp * d, s.kv_heads // s.tp * d, s.kv_heads // s.tp * d], dim=-1)
     q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))
-    att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=s.kv_heads != s.heads)
+    groups = s.heads // s.kv_heads  # each K/V head serves this many query heads (repeat_kv, as Llama's code)
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     x = x + att.transpose(1, 2).reshape(b, n, -1) @ w["proj"].T
     u = F.rms_norm(x, (h,), w["ln2"]) @ w["up"].T
     if s.gated:
