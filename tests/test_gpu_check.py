@@ -57,3 +57,33 @@ def test_the_report_names_the_node_and_every_test_that_did_not_pass(tmp_path):
     assert "driver 550.54.15, CUDA 12.4, NCCL 2.21.5, torch 2.13.0" in text
     assert "tests (pytest -m gpu): 1 passed, 1 failed, 0 error, 1 skipped" in text
     assert "FAILED: tests/test_gpu.py::test_gloo_over_cuda_tensors: AssertionError: sum differs" in text
+
+
+def test_the_timed_block_is_the_planners_block_on_one_gpu_of_tp():
+    """gpu_check.block: this GPU's share holds W/t of the block's matrices, and its FLOPs are the planner's
+    3 b s (2 W + 4 s h) / t (the numbers eta is made of); it runs on the CPU too (tiny shape)."""
+    from distlab.gpu_check.block import SHAPES, BlockShape, _weights, block_forward, catalog_gpu, time_block
+    from distlab.memory.shape import block_weights
+    from distlab.plan.cost_model import layer_flops_per_token
+    from distlab.plan.inputs import ModelSpec
+
+    tiny = (BlockShape("tiny-gqa", 64, 8, 2, 96, True, 16, 2, 2),
+            BlockShape("tiny", 48, 4, 4, 192, False, 8, 3, 4))
+    for s in tiny:
+        w = _weights(s, torch.device("cpu"), torch.float64)
+        matrices = sum(t.numel() for name, t in w.items() if not name.startswith("ln"))
+        assert matrices * s.tp == block_weights(s.hidden, s.heads, s.kv_heads, s.ffn, s.gated)
+        x = torch.randn(s.batch, s.seq, s.hidden, dtype=torch.float64)
+        assert block_forward(x, w, s).shape == x.shape
+        model = ModelSpec(layers=1, hidden=s.hidden, heads=s.heads, vocab=1, seq=s.seq, kv_heads=s.kv_heads,
+                          ffn=s.ffn, gated=s.gated)
+        assert s.flops() == 3 * s.batch * s.seq * layer_flops_per_token(model) / s.tp
+        row = time_block(s, torch.device("cpu"), torch.float32, repeats=1, warmup=0, gpu="H100")
+        assert row.forward_ms > 0 and row.backward_ms > 0 and row.peak_tflops == 989.4
+    assert [s.name for s in SHAPES] == ["korthikanti-22b", "llama3-405b"]
+    assert catalog_gpu("NVIDIA H100 80GB HBM3") == "H100" and catalog_gpu("NVIDIA A100-SXM4-40GB") == "A100"
+    assert catalog_gpu("Tesla T4") is None
+    with pytest.raises(ValueError, match="kv_heads=2 is not divisible by tp=4"):
+        BlockShape("bad", 64, 8, 2, 96, True, 16, 2, 4)
+    with pytest.raises(ValueError, match="repeats=0"):
+        time_block(SHAPES[0], torch.device("cpu"), repeats=0)
