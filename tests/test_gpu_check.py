@@ -87,3 +87,22 @@ def test_the_timed_block_is_the_planners_block_on_one_gpu_of_tp():
         BlockShape("bad", 64, 8, 2, 96, True, 16, 2, 4)
     with pytest.raises(ValueError, match="repeats=0"):
         time_block(SHAPES[0], torch.device("cpu"), repeats=0)
+
+
+def test_the_book_quotes_the_committed_gpu_report():
+    """Chapter 8's table of H100 bandwidths copies assets/gpu's report (written by make gpu-check on that
+    node): every number in the book is the report's, rounded as printed."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "assets" / "gpu" / "nvidia-h100-80gb-hbm3-x1.json").read_text())
+    assert report.passed(data) and data["environment"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    book = (root / "book" / "08-hardware.md").read_text()
+    rows = {"H2D pinned": "host to device, pinned", "D2H pinned": "device to host, pinned",
+            "H2D pageable": "host to device, pageable", "D2H pageable": "device to host, pageable",
+            "D2D": "device to device"}
+    for row in data["bandwidth"]:
+        if row["test"] in rows:
+            line = next(x for x in book.splitlines() if x.startswith(f"| {rows[row['test']]}"))
+            assert f"{row['measured_GBps']:.1f} GB/s" in line, (row["test"], line)
+            assert f"{row['percent_of_spec']:.0f} %" in line, (row["test"], line)
