@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from distlab import launch
-from distlab.launch import diagnosis, launcher, observe, sources, worker
+from distlab.launch import diagnosis, observe, results, sources, worker
 from distlab.launch.diagnosis import RankState
 from distlab.launch.sources import Frame
 
@@ -124,10 +124,10 @@ def test_bad_arguments_are_refused_before_any_rank_starts(call, message):
     ("done\r", "done"), ("progress 10%\rprogress 100%\r", "progress 100%"), ("a\rb", "b"), ("plain", "plain"),
 ])
 def test_a_line_ending_in_carriage_return_keeps_its_text(raw, shown):
-    assert launcher.visible(raw) == shown
+    assert results.visible(raw) == shown
 
 
 def test_output_with_windows_line_ends_is_printed(tmp_path, capsys):
     (tmp_path / "rank0.out").write_bytes(b"first\r\n10%\r100%\r\nlast")
-    launcher._print_output(tmp_path, 1)
+    results.print_output(tmp_path, 1)
     assert capsys.readouterr().out.splitlines() == ["[rank 0] first", "[rank 0] 100%", "[rank 0] last"]

@@ -25,10 +25,11 @@ How it works, in four steps:
    `DISTLAB_LAUNCH_FORK=0`) a fresh `python -c` child. It connects to the store, calls
    `init_process_group`, runs the function, and writes its result (or its exception) to a file
    (`worker.py`).
-4. The parent polls the children (`launcher.py`). A failed rank ends the run, and so does a rank still
-   running `timeout` seconds after another returned, or a function still running after `deadline`
-   seconds; `observe.py` gathers what is known of each rank (a `RankState`, `rank_state.py`),
-   `diagnosis.py` writes the report, and `cleanup.py` ends every process the launch started.
+4. The parent polls the children (`launcher.py` runs a launch, `processes.py` starts and watches the
+   ranks). A failed rank ends the run, and so does a rank still running `timeout` seconds after another
+   returned, or a function still running after `deadline` seconds; `observe.py` gathers what is known of
+   each rank (a `RankState`, `rank_state.py`), `diagnosis.py` writes the report, `cleanup.py` ends every
+   process the launch started, and `results.py` prints the ranks' output and reads their results.
    `arguments.py` checks `run`'s arguments first.
 """
 

@@ -3,18 +3,17 @@
 The ranks are forked by a helper that has imported torch already (`zygote`), or, where forking is
 off, `python -c` children (their side is `worker.py` either way); they share a temporary folder with the
 launcher, in which each rank writes its output, when its function started, and its result or a
-description of its exception. The launcher polls the children every 20 ms (`_watch`: a failure, a rank
-stuck after another returned, a rank that never comes to init_process_group, the deadline), asks the
-ranks still running for their stacks when it has to stop them (SIGUSR1: faulthandler, `observe`), ends
-everything (`cleanup.end`), prints the ranks' output grouped by rank, and returns the results or raises
-the report that `diagnosis` writes.
+description of its exception. The launcher starts them and polls them every 20 ms (`processes.watch`: a
+failure, a rank stuck after another returned, a rank that never comes to init_process_group, the
+deadline), asks the ranks still running for their stacks when it has to stop them (SIGUSR1:
+faulthandler, `observe`), ends everything (`cleanup.end`), prints the ranks' output grouped by rank and
+returns their results (`results.collect`), or raises the report that `diagnosis` writes.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import shutil
 import signal
@@ -22,153 +21,20 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import torch.distributed as dist
 
-from distlab.launch import arguments, cleanup, diagnosis, observe, sources, zygote
+from distlab.launch import arguments, cleanup, diagnosis, observe, processes, results, sources
+from distlab.launch.processes import LOADING
 from distlab.launch.rank_state import RankState
 from distlab.launch.worker import RENDEZVOUS_TIMEOUT, resolve_backend
 
 DEFAULT_TIMEOUT = 30.0  # seconds a rank may wait in one collective; also the grace period of a stuck rank
 DEFAULT_DEADLINE = 600.0  # seconds the whole run may take: a notebook cell never hangs longer
-LOADING = 10.0  # seconds a rank may take longer than the others to load its function (imports are slow)
 SETTLE = 1.5  # seconds the other ranks get, after the first failure, to fail too (so the report is complete)
-
-
-def _environment(r: int, world_size: int, port: int, marker: str) -> dict[str, str]:
-    env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world_size), LOCAL_RANK=str(r),
-               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYTHONUNBUFFERED="1", **{marker: "1"})
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    return env
-
-
-def _start(d: Path, world_size: int, port: int, marker: str, helper: zygote.Zygote | None) -> list:
-    """Start the ranks: forked by `helper` (`zygote`), or each a fresh `python -c` when there is none.
-    Either way a rank leads a session of its own and writes its output to rankR.out."""
-    procs: list = []
-    for r in range(world_size):
-        env, out = _environment(r, world_size, port, marker), d / f"rank{r}.out"
-        out.touch()
-        if helper is not None:
-            procs.append(helper.start(d, r, env, out))
-            continue
-        with open(out, "w") as f:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", f"from distlab.launch.worker import _worker_main; "
-                                       f"_worker_main({str(d)!r}, {r})"],
-                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True))
-    return procs
-
-
-def _helper() -> zygote.Zygote | None:
-    """The fork helper, where forking is on and the helper starts; None means `python -c` ranks."""
-    if not zygote.usable():
-        return None
-    try:
-        return zygote.helper()
-    except OSError:
-        return None
-
-
-def _wait_for_exit(proc: subprocess.Popen, rank: int, seen: dict[int, float]) -> None:
-    """Note when a rank exits, as soon as it does (a thread per rank): a rank that dies must not look
-    later than the peers that fail because of it."""
-    proc.wait()
-    seen.setdefault(rank, time.time())
-
-
-def _poll(procs: list[subprocess.Popen], seen: dict[int, float]) -> list[int | None]:
-    """Every rank's exit status (None: running); `seen` records when each exit was first noticed."""
-    codes = [p.poll() for p in procs]
-    for r, c in enumerate(codes):
-        if c is not None:
-            seen.setdefault(r, time.time())
-    return codes
-
-
-def _watch(procs: list[subprocess.Popen], d: Path, allowed: Collection[int], grace: float,
-           seen: dict[int, float], deadline: float | None) -> str:
-    """Wait for the run's end: "done", "failed" (a rank not in may_fail failed, or exited before its
-    function returned), "stuck" (a rank was still running `grace` seconds after another returned) or
-    "deadline" (the function ran longer than `deadline` seconds) or "start-up" (the ranks had not started
-    their function `RENDEZVOUS_TIMEOUT` seconds after the launch)."""
-    launched, end = time.monotonic(), None
-    while True:
-        codes = _poll(procs, seen)
-        if any(c is not None and r not in allowed and (c != 0 or not (d / f"rank{r}.result").exists())
-               for r, c in enumerate(codes)):
-            return "failed"
-        if all(c is not None for c in codes):
-            return "done"
-        returned = [seen[r] for r, c in enumerate(codes) if c == 0]
-        if returned and time.time() - min(returned) > grace:
-            return "stuck"
-        if _missing(d, len(procs), grace):
-            return "absent"
-        if end is None and any((d / f"rank{r}.started").exists() for r in range(len(procs))):
-            end = time.monotonic() + (deadline if deadline is not None else math.inf)
-        if end is None and time.monotonic() - launched > RENDEZVOUS_TIMEOUT:
-            return "start-up"
-        if end is not None and time.monotonic() > end:
-            return "deadline"
-        time.sleep(0.02)
-
-
-def _missing(d: Path, world_size: int, grace: float) -> bool:
-    """A rank has not come to init_process_group `grace` seconds (at least `LOADING`) after every other
-    rank had, although it had been loading its function that long (see `worker._wait_for_arrivals`)."""
-    grace = max(grace, LOADING)
-    times = [_mtime(d / f"rank{r}.joining") for r in range(world_size)]
-    absent = [r for r, t in enumerate(times) if t is None]
-    if not absent or len(absent) == world_size:
-        return False
-    since = max(t for t in times if t is not None)
-    loading = [_mtime(d / f"rank{r}.stack") for r in absent]
-    return any(t is not None and time.time() - max(t, since) > grace for t in loading)
-
-
-def _mtime(f: Path) -> float | None:
-    try:
-        return f.stat().st_mtime
-    except FileNotFoundError:
-        return None
-
-
-def _settle(procs: list[subprocess.Popen], seen: dict[int, float], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while any(c is None for c in _poll(procs, seen)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def visible(line: str) -> str:
-    """What a terminal shows of one line of output: the text after its last carriage return (a progress
-    bar's last state), where a line that ends in "\r\n" (Windows' line end) keeps its text."""
-    return line.rstrip("\r").rsplit("\r", 1)[-1]
-
-
-def _print_output(d: Path, world_size: int) -> None:
-    """Print what each rank wrote to stdout/stderr, grouped by rank, in rank order."""
-    for r in range(world_size):
-        f = d / f"rank{r}.out"
-        text = f.read_bytes().decode(errors="replace") if f.exists() else ""  # keep \r as written
-        for line in map(visible, text.split("\n")):
-            if line.strip():
-                print(f"[rank {r}] {line}")
-    sys.stdout.flush()
-
-
-def _results(states: list[RankState], d: Path, why: str) -> list[Any]:
-    """Each rank's result; a rank allowed to fail that failed, or was still running, gets its RankError."""
-    return [diagnosis.ended_allowed(s, why) if s.code is None
-            else diagnosis.own_error(s) if s.code != 0 or not s.returned
-            else cloudpickle.loads((d / f"rank{s.rank}.result").read_bytes()) for s in states]
 
 
 class _Launch:
@@ -183,24 +49,24 @@ class _Launch:
         self.sources = sources.capture()
 
     def start(self, payload: bytes, backend: str, port: int) -> None:
-        helper = _helper()
+        helper = processes.fork_helper()
         (self.dir / "payload.pkl").write_bytes(payload)
         (self.dir / "spec.json").write_text(json.dumps({
             "host": "127.0.0.1", "port": port, "world_size": self.world_size, "backend": backend,
             "timeout": self.timeout, "sys_path": [p for p in sys.path if p], "sources": self.sources,
             # the ranks' parent, whose end means the launcher's end (the helper ends with the launcher)
             "parent_pid": helper.proc.pid if helper is not None else os.getpid()}))
-        self.procs = _start(self.dir, self.world_size, port, self.marker, helper)
+        self.procs = processes.start_ranks(self.dir, self.world_size, port, self.marker, helper)
         for r, p in enumerate(self.procs):
-            threading.Thread(target=_wait_for_exit, args=(p, r, self.seen), daemon=True).start()
+            threading.Thread(target=processes.wait_for_exit, args=(p, r, self.seen), daemon=True).start()
 
     def stop(self, settle: float = 0.0) -> list[RankState]:
         """Let the other ranks settle, record every rank's state, end them all, print their output."""
         with cleanup.shielded():
-            _settle(self.procs, self.seen, settle)
+            processes.settle(self.procs, self.seen, settle)
             states = observe.states(self.procs, self.dir, self.allowed, self.seen, self.sources)
             cleanup.end(self.procs, self.marker, observe.noted(self.dir))
-        _print_output(self.dir, self.world_size)
+        results.print_output(self.dir, self.world_size)
         return states
 
     def close(self) -> None:
@@ -212,7 +78,8 @@ class _Launch:
 def _outcome(launch: _Launch, deadline: float | None) -> str:
     """How the run ended; on Ctrl-C or SIGTERM, print the output so far and where each rank was first."""
     try:
-        return _watch(launch.procs, launch.dir, launch.allowed, launch.timeout, launch.seen, deadline)
+        return processes.watch(launch.procs, launch.dir, launch.allowed, launch.timeout, launch.seen,
+                               deadline)
     except (KeyboardInterrupt, cleanup.Terminated) as e:
         how = "interrupted" if isinstance(e, KeyboardInterrupt) else "ended by SIGTERM"
         print(diagnosis.interrupted(launch.stop(), launch.timeout, how), flush=True)
@@ -241,7 +108,7 @@ def _launch(payload: bytes, world_size: int, backend: str, timeout: float, deadl
             raise diagnosis.stuck(states, timeout, timeout)
         why = f"when the run reached its deadline of {deadline:g} s" if outcome == "deadline" else \
             f"{timeout:g} s after the other ranks finished"  # (start-up ends with a running rank: raised)
-        return _results(states, launch.dir, why)
+        return results.collect(states, launch.dir, why)
     finally:
         launch.close()
         del store

@@ -81,7 +81,7 @@ def _wait_for_arrivals(store: dist.Store, rank: int, world_size: int) -> None:
     Ranks start at different speeds (importing torch takes seconds on a busy machine), and gloo counts
     the run's `timeout` in `init_process_group` from each rank's own arrival: without this wait, a small
     timeout would end a run before it began. A rank that never arrives (its arguments' unpickling hangs)
-    is found by the launcher, which watches the `joining` files (`launcher._watch`)."""
+    is found by the launcher, which watches the `joining` files (`processes.watch`)."""
     store.set(f"arrived/{rank}", "1")
     store.wait([f"arrived/{r}" for r in range(world_size)])
 

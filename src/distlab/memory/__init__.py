@@ -15,9 +15,11 @@ One idea per file (this chapter's core half, then ZeRO and its relatives):
   `time_recompute` (the time overhead against one extra forward).
 - `peak`: the peak of a training step, tensor by tensor: which phase, which tensors are alive, the
   recomputed working set and the temporaries (`predict_peak` -> `PeakPrediction`), beside
-  `accounting.measure_gpt_step`; `python -m distlab.memory measure --json` prints both.
+  `accounting.measure_gpt_step`; `python -m distlab.memory measure --json` prints both. It replays
+  `gpt_step` (the step's ops and their tensors) on a `timeline.Timeline` (live bytes by kind).
 - `estimator`: bytes per GPU of any configuration (dp, tp, pp with 1F1B/GPipe/interleaved, cp, ZeRO
-  0-3, recomputation, offload, precision); `python -m distlab.memory estimate ... --json`.
+  0-3, recomputation, offload, precision); `python -m distlab.memory estimate ... --json`. Its terms:
+  `config` (`MemoryConfig`, `validate`), `model_states` (per GPU) and `activations` (per layer, per stage).
 - `figures`: the chapter's pictures and the estimator's explorer; `exercises`: the lab's checks.
 - `bench`: ZeRO's benchmark against PyTorch's built-ins (recomputation's timing is
   `recompute.time_recompute`).
