@@ -119,7 +119,7 @@ RUNS = (
                  interleave=2),
     PublishedRun("gpt3-175b", "gpt3-175b", "A100", 1024, 1536, 8, 16, 8, 1, 140, True,
                  "narayanan2021efficient", "sec. 5.1, training-time estimate",
-                 note="layout of Megatron-LM's GPT-3 example (nvidia2021megatronlm): 138 TFLOP/s, ~32 s/step"),
+                 note="layout: Megatron-LM's GPT-3 example (nvidia2021megatronlm), 138 TFLOP/s, ~32 s/step"),
     PublishedRun("llama3-405b-8k", "llama3-405b", "H100", 8192, 2048, 8, 16, 64, 1, 430, False, *_L3,
                  mfu=0.43, zero=1, recompute="none", interleave=4, settings=_LLAMA,
                  note="8,192 GPUs, 32 sequences per DP rank"),
