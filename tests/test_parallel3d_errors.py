@@ -80,12 +80,12 @@ def test_cli_runs_and_checks_one_rank(capsys):
 def test_placement_keeps_tp_inside_a_server_and_the_wrong_one_costs_more():
     cluster = Cluster("DGX A100", 2)
     right, default, wrong = compare_placements(cluster)
-    assert not right.dims["tp"].crosses_servers and right.dims["dp"].crosses_servers
-    assert default.dims["pp"].crosses_servers and not default.dims["tp"].crosses_servers
-    assert wrong.dims["tp"].crosses_servers
-    assert wrong.dims["tp"].seconds > 5 * right.dims["tp"].seconds  # 25 GB/s NIC against 300 GB/s NVLink
+    assert not right.axes["tp"].crosses_servers and right.axes["dp"].crosses_servers
+    assert default.axes["pp"].crosses_servers and not default.axes["tp"].crosses_servers
+    assert wrong.axes["tp"].crosses_servers
+    assert wrong.axes["tp"].seconds > 5 * right.axes["tp"].seconds  # 25 GB/s NIC against 300 GB/s NVLink
     assert wrong.seconds > max(right.seconds, default.seconds)
-    assert right.dims["tp"].GBps == 300 and wrong.dims["tp"].GBps == 25
+    assert right.axes["tp"].GBps == 300 and wrong.axes["tp"].GBps == 25
     table = placement_table([right, default, wrong])
     assert table.splitlines()[0].startswith("placement") and "TP across servers (wrong)" in table
     gpu = assign(Plan3D(dp=2, pp=2, tp=4), cluster, ("dp", "pp", "tp"))

@@ -140,6 +140,23 @@ def test_published_table_matches_the_papers() -> None:
     bib = (Path(__file__).parents[1] / "book" / "references.bib").read_text()
     keys = set(re.findall(r"^@\w+\{([^,]+),", bib, re.M))
     assert {r.source for r in RUNS} | {src for _, src, _ in HBM_GB.values()} <= keys
+    assert {"nvidia2021megatronlm", "bigscience2022tr11"} <= keys  # the layouts' sources (published.py)
+    # As re-read: Narayanan et al. 2021, Table 1 (t, p, GPUs, batch, TFLOP/s per GPU); Megatron-LM's GPT-3
+    # example; Llama 3's Table 4 (its 128K row's DP = 4 is a misprint, see published.py); BLOOM's tr11 setup.
+    table_1 = {"megatron-146b": (8, 8, 1536, 2304, 148), "megatron-310b": (8, 16, 1920, 2160, 155),
+               "megatron-530b": (8, 35, 2520, 2520, 163), "megatron-1t": (8, 64, 3072, 3072, 163),
+               "gpt3-175b": (8, 16, 1024, 1536, 140)}
+    for name, row in table_1.items():
+        r = lookup(name)
+        assert (r.tp, r.pp, r.gpus, r.batch, r.tflops) == row and r.micro_batch == 1
+    for name, (tp, cp, pp, dp, per_dp) in {"llama3-405b-8k": (8, 1, 16, 64, 32),
+                                           "llama3-405b-16k": (8, 1, 16, 128, 16),
+                                           "llama3-405b-128k": (8, 16, 16, 8, 16)}.items():
+        r = lookup(name)
+        assert (r.tp, r.cp, r.pp, r.dp, r.batch // r.dp) == (tp, cp, pp, dp, per_dp)
+    b = lookup("bloom-176b")
+    assert (b.tp, b.pp, b.dp, b.micro_batch, b.batch, b.zero) == (4, 12, 8, 2, 2048, 1)
+    assert shape.stage_layers(70, 12) == (5,) + (6,) * 10 + (5,)  # tr11: 5 blocks + embedding at each end
     md = published_markdown()
     assert md.count("\n") == len(RUNS) + 1 and "{cite}`dubey2024llama3`" in md
     with pytest.raises(ValueError, match="published='gpt5' is unknown; choose one of megatron-146b"):

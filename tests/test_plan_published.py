@@ -14,7 +14,7 @@ from distlab.memory.estimator import MemoryConfig, estimate
 from distlab.parallel3d.placement import group_crosses_servers
 from distlab.plan import RUNS, judge, plan, preset
 from distlab.plan.__main__ import main
-from distlab.plan.efficiency import EFFICIENCY, MEASURED, kernel_efficiency
+from distlab.plan.efficiency import EFFICIENCY, H100_REPORT, MEASURED, SHAPE_STUDY, kernel_efficiency
 from distlab.plan.limits import divisors
 from distlab.plan.published import OPTIONS_OF_THE_TIME
 from distlab.plan.report import judged_markdown
@@ -45,10 +45,31 @@ def test_published_step_is_within_10_percent_of_the_planners_best(run) -> None:
 
 
 def test_efficiency_comes_from_the_cited_block_time() -> None:
-    assert EFFICIENCY["A100"].eta == round(kernel_efficiency(MEASURED[0]), 2) == 0.57
-    assert not EFFICIENCY["A100"].carried and EFFICIENCY["H100"].carried
+    a100, h100 = MEASURED
+    assert EFFICIENCY["A100"].eta == round(kernel_efficiency(a100), 2) == 0.57
+    assert not EFFICIENCY["A100"].carried and not EFFICIENCY["H100"].carried and EFFICIENCY["V100"].carried
     assert "Table 4" in EFFICIENCY["A100"].where and EFFICIENCY["A100"].source == "korthikanti2022reducing"
+    # Both GPU types are judged on the same block; only the published time includes tp communication.
+    same = ("name", "hidden", "heads", "seq", "micro_batch", "tp", "kv_heads", "ffn", "gated")
+    assert all(getattr(a100, f) == getattr(h100, f) for f in same)
+    assert a100.includes_tp_communication and not h100.includes_tp_communication
     assert "| ratio |" in judged_markdown()
+
+
+def test_h100_efficiency_is_the_committed_gpu_check_report() -> None:
+    """The H100's constant is the measurement in the committed report, never a number typed apart from it:
+    same block, same times, same eta, same GPU and torch version."""
+    report = json.loads((Path(__file__).parents[1] / H100_REPORT).read_text())
+    rows = {r["name"]: r for r in report["block"]}
+    env = report["environment"]
+    for timing in (MEASURED[1], *SHAPE_STUDY):
+        row = rows[timing.name]
+        assert timing.gpu == "H100" and timing.source == H100_REPORT
+        assert (timing.forward_ms, timing.backward_ms) == (row["forward_ms"], row["backward_ms"])
+        assert row["dtype"] == "bfloat16" and kernel_efficiency(timing) == pytest.approx(row["eta"], abs=5e-3)
+        assert env["torch"] in timing.where and env["gpus"][0]["name"] in timing.where
+    assert EFFICIENCY["H100"].eta == round(rows["korthikanti-22b"]["eta"], 2) == 0.52
+    assert round(kernel_efficiency(SHAPE_STUDY[0]), 2) == 0.65  # the Llama block, quoted in chapter 9
 
 
 def test_modern_shapes_in_the_estimator() -> None:

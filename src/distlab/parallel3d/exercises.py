@@ -1,7 +1,7 @@
 """The checks of lab 9's exercises, each returning a `distlab.checks.CheckResult`.
 
 (a) `check_coordinates(fn)`: `fn(rank, dp, pp, tp)` returns `(coords, peers)`: the rank's position
-    {"dp": i, "pp": j, "tp": k} on `distlab.mesh.grid(dp=, pp=, tp=)` (dims laid out pp, dp, tp,
+    {"dp": i, "pp": j, "tp": k} on `distlab.mesh.grid(dp=, pp=, tp=)` (axes laid out pp, dp, tp,
     outermost first, as `AXIS_ORDER` says) and, per axis, the global ranks of its group there, itself
     included, in group order. Checked on several grids against `distlab.mesh.coordinates` and `layout`.
 (b) `check_placement(fn)`: `fn(cluster, plan)` returns an order of ("dp", "pp", "tp"), outermost
@@ -38,10 +38,10 @@ def _diagnose_coords(got: object, want: dict[str, int], rank: int, sizes: dict[s
     hint = ""
     if got == {"dp": rank // (sizes["pp"] * sizes["tp"]) % sizes["dp"],
                "pp": rank // sizes["tp"] % sizes["pp"], "tp": rank % sizes["tp"]}:
-        hint = ("; you laid the dims out as dp, pp, tp (dp outermost): the mesh puts pp outermost, then "
+        hint = ("; you laid the axes out as dp, pp, tp (dp outermost): the mesh puts pp outermost, then "
                 "dp, then tp (AXIS_ORDER)")
     elif got == flipped:
-        hint = "; the digits are read in the wrong order: tp is the innermost (fastest-changing) dim"
+        hint = "; the digits are read in the wrong order: tp is the innermost (fastest-changing) axis"
     return [f"rank {rank} on dp={sizes['dp']}, pp={sizes['pp']}, tp={sizes['tp']}: coords {got}, "
             f"expected {want}{hint}"]
 
@@ -68,7 +68,7 @@ def check_coordinates(fn: Callable[[int, int, int, int], tuple[dict[str, int], d
                     continue
                 extra = ""
                 if got is not None and sorted(got) == sorted(set(want[d]) - {rank}):
-                    extra = "; include the rank itself: a group is every rank that differs only along the dim"
+                    extra = "; include the rank itself: a group is every rank that differs only in that axis"
                 elif got == list(range(len(want[d]))):
                     extra = "; these are positions in the group; give global ranks (dist.get_global_rank)"
                 lines.append(f"rank {rank}: {d} peers {got}, expected {want[d]}{extra}")
@@ -84,7 +84,7 @@ PLACEMENT_CASES = (("DGX A100", 2, EXAMPLE_PLAN),
 
 
 def check_placement(fn: Callable[[Cluster, Plan3D], tuple[str, ...]]) -> CheckResult:
-    """Exercise (b): per cluster and plan, a dim order that keeps tp in a server and is (nearly) fastest."""
+    """Exercise (b): per cluster and plan, an axis order that keeps tp in a server and is (nearly) fastest."""
     cases = []
     for server, nodes, plan in PLACEMENT_CASES:
         cluster = Cluster(server, nodes)
@@ -99,11 +99,11 @@ def check_placement(fn: Callable[[Cluster, Plan3D], tuple[str, ...]]) -> CheckRe
         costs = {o: predict_placement("", o, cluster, plan=plan).seconds for o in permutations(AXES)}
         best = min(costs, key=costs.get)
         lines = []
-        if mine.dims["tp"].crosses_servers:
+        if mine.axes["tp"].crosses_servers:
             lines.append(f"order {order} splits tp groups over servers: tp's all-reduces then run at "
-                         f"{mine.dims['tp'].GBps:.0f} GB/s instead of NVLink's; put tp last (innermost)")
+                         f"{mine.axes['tp'].GBps:.0f} GB/s instead of NVLink's; put tp last (innermost)")
         if mine.seconds > 1.05 * costs[best]:
             lines.append(f"predicted {1e3 * mine.seconds:.1f} ms of communication per step; {best} gives "
-                         f"{1e3 * costs[best]:.1f} ms: let the dim with the fewest bytes cross the network")
+                         f"{1e3 * costs[best]:.1f} ms: let the axis with the fewest bytes cross the network")
         cases.append(CaseResult(label, not lines, lines))
     return CheckResult("exercise (b): placing the mesh on servers", cases, case_heading="cluster and plan")

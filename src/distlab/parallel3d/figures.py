@@ -3,7 +3,7 @@
 - `mesh_figure(dp, pp, tp)`: every rank of `distlab.mesh.grid(dp=, pp=, tp=)` as a box (global rank and
   (dp, pp, tp) coordinates), pipeline stages as columns and replicas as rows, with the groups of
   `distlab.mesh.layout` drawn as links: tp inside a box row, pp between stages, dp between replicas.
-- `placement_figure(costs)`: the predicted communication time per step of each dim under each placement
+- `placement_figure(costs)`: the predicted communication time per step of each axis under each placement
   (`placement.compare_placements`), as stacked bars.
 """
 
@@ -18,7 +18,7 @@ from distlab.mesh import coordinates, layout
 from distlab.parallel3d.cost_model import AXES
 from distlab.parallel3d.placement import PlacementCost, compare_placements
 
-DIM_COLOURS = {"tp": style.VERMILION, "pp": style.BLUE, "dp": style.GREEN}
+AXIS_COLOURS = {"tp": style.VERMILION, "pp": style.BLUE, "dp": style.GREEN}
 
 
 def _position(rank: int, dp: int, pp: int, tp: int) -> tuple[float, float]:
@@ -27,17 +27,17 @@ def _position(rank: int, dp: int, pp: int, tp: int) -> tuple[float, float]:
 
 
 def mesh_figure(dp: int = 2, pp: int = 2, tp: int = 2) -> Figure:
-    """Which rank talks to which over which dim, on a dp x pp x tp mesh."""
+    """Which rank talks to which over which axis, on a dp x pp x tp mesh."""
     groups = layout(dp=dp, pp=pp, tp=tp)
     with mpl.rc_context(dict(style.RC)):
         fig, ax = plt.subplots(figsize=(1.2 + 0.95 * pp * (tp + 1.2), 0.9 + 1.05 * dp))
-        for dim in ("dp", "pp", "tp"):
-            for g in groups[dim]:
+        for axis in ("dp", "pp", "tp"):
+            for g in groups[axis]:
                 for a, b in zip(g, g[1:], strict=False):
                     (xa, ya), (xb, yb) = _position(a, dp, pp, tp), _position(b, dp, pp, tp)
-                    bend = 0.25 if dim == "dp" else (0.3 if dim == "pp" else 0.0)
+                    bend = 0.25 if axis == "dp" else (0.3 if axis == "pp" else 0.0)
                     ax.annotate("", (xb, yb), (xa, ya), arrowprops={
-                        "arrowstyle": "-|>" if dim == "pp" else "-", "color": DIM_COLOURS[dim], "lw": 1.6,
+                        "arrowstyle": "-|>" if axis == "pp" else "-", "color": AXIS_COLOURS[axis], "lw": 1.6,
                         "connectionstyle": f"arc3,rad={bend}", "shrinkA": 14, "shrinkB": 14})
         for rank in range(dp * pp * tp):
             x, y = _position(rank, dp, pp, tp)
@@ -48,7 +48,7 @@ def mesh_figure(dp: int = 2, pp: int = 2, tp: int = 2) -> Figure:
             ax.text(x, y - 0.16, f"{c['dp']},{c['pp']},{c['tp']}", ha="center", va="center", fontsize=6.5)
         for s in range(pp):
             ax.text(s * (tp + 1.2) + (tp - 1) / 2, 0.75, f"stage {s}", ha="center", fontsize=8)
-        handles = [mpl.lines.Line2D([], [], color=DIM_COLOURS[d], lw=2, label=label) for d, label in
+        handles = [mpl.lines.Line2D([], [], color=AXIS_COLOURS[d], lw=2, label=label) for d, label in
                    (("tp", "tp: all-reduce every layer"), ("pp", "pp: activations, gradients"),
                     ("dp", "dp: gradients once a step"))]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, frameon=False)
@@ -61,7 +61,7 @@ def mesh_figure(dp: int = 2, pp: int = 2, tp: int = 2) -> Figure:
 
 
 def placement_figure(costs: list[PlacementCost] | None = None) -> Figure:
-    """Predicted communication ms per step, per dim, for each placement (default: the book's example)."""
+    """Predicted communication ms per step, per axis, for each placement (default: the book's example)."""
     title = "2 x DGX A100, (dp, pp, tp) = (2, 2, 4), a 1.3B GPT in bf16" if costs is None else ""
     costs = costs or compare_placements()
     with mpl.rc_context(dict(style.RC)):
@@ -69,8 +69,8 @@ def placement_figure(costs: list[PlacementCost] | None = None) -> Figure:
         left = [0.0] * len(costs)
         names = [c.name for c in costs]
         for axis in AXES:
-            ms = [1e3 * c.dims[axis].seconds for c in costs]
-            ax.barh(names, ms, left=left, color=DIM_COLOURS[axis], label=axis)
+            ms = [1e3 * c.axes[axis].seconds for c in costs]
+            ax.barh(names, ms, left=left, color=AXIS_COLOURS[axis], label=axis)
             left = [a + b for a, b in zip(left, ms, strict=True)]
         ax.invert_yaxis()
         ax.set_xlabel("predicted communication per step (ms, no overlap)")

@@ -1,25 +1,25 @@
-"""Where the mesh's dims land on real machines, and what a step's communication then costs.
+"""Where the mesh's axes land on real machines, and what a step's communication then costs.
 
-A `DeviceMesh` numbers ranks; a job puts rank r on some GPU of some server. Which dims share a server
+A `DeviceMesh` numbers ranks; a job puts rank r on some GPU of some server. Which axes share a server
 decides which traffic rides NVLink and which crosses the network. Narayanan et al. 2021 (sec. 3.2-3.3)
 keep tensor parallelism inside a server (its all-reduces are on the critical path of every layer, and
 a server's NVLink gives several times a NIC's bandwidth) and let pipeline or data parallelism cross.
 
-`assign(plan, cluster, order)`: `order` lists the dims outermost first; a rank's slot is the row-major
+`assign(plan, cluster, order)`: `order` lists the axes outermost first; a rank's slot is the row-major
 number of its (dp, pp, tp) coordinates taken in that order, and slot k is local GPU k % g of server
 k // g (g GPUs per server). ("dp", "pp", "tp") keeps each tp group on one server; ("tp", "pp", "dp")
 spreads every tp group over servers: the wrong placement.
 
 `predict_placement` prices one step with chapter 8's topology (`distlab.hardware.topology.Cluster`,
 links with bandwidth per direction from `distlab.catalog`) and its ring model
-(`distlab.hardware.cost_model.ring_hops`): all groups of a dim run their rings at once, so hops that cross
-the same link share it. Each dim's calls then take, from `cost_model.predicted_traffic`,
+(`distlab.hardware.cost_model.ring_hops`): all groups of an axis run their rings at once, so hops that cross
+the same link share it. Each axis's calls then take, from `cost_model.predicted_traffic`,
 
-    t_dim = (ring steps) x alpha + (bytes sent) / bandwidth,
+    t_axis = (ring steps) x alpha + (bytes sent) / bandwidth,
 
-with alpha and bandwidth of the dim's slowest hop (chapter 1's alpha-beta model, which is what
+with alpha and bandwidth of the axis's slowest hop (chapter 1's alpha-beta model, which is what
 `simulate` applies per hop). For pp the "rings" are the pairs of consecutive stages. The model adds the
-dims' times: no overlap of communication with compute or with each other, so it ranks placements and
+axes' times: no overlap of communication with compute or with each other, so it ranks placements and
 does not predict a step's wall-clock time.
 """
 
@@ -49,11 +49,11 @@ ORDERS = {"TP inside a server, DP across": ("dp", "pp", "tp"),
 
 
 def group_crosses_servers(size: int, stride: int, gpus_per_node: int) -> bool:
-    """Whether some group of a dim crosses servers when its `size` ranks sit `stride` apart (the product of
-    the dims inside it) and ranks fill servers of `gpus_per_node` in order: every group stays inside one
+    """Whether some group of an axis crosses servers when its `size` ranks sit `stride` apart (the product of
+    the axes inside it) and ranks fill servers of `gpus_per_node` in order: every group stays inside one
     server exactly when size x stride <= gpus_per_node and divides it. So tp = 6 on servers of 8 puts ranks
-    6-11 on two servers, and that group's ring runs at the network's speed (chapter 8); all groups of a dim
-    run their collectives together, so the slowest sets the pace. `assign` with the dims' order gives the
+    6-11 on two servers, and that group's ring runs at the network's speed (chapter 8); all groups of an axis
+    run their collectives together, so the slowest sets the pace. `assign` with the axes' order gives the
     same answer GPU by GPU (tests/test_plan_model.py checks it)."""
     if size <= 1:
         return False
@@ -62,7 +62,7 @@ def group_crosses_servers(size: int, stride: int, gpus_per_node: int) -> bool:
 
 
 def assign(plan: Plan3D, cluster: Cluster, order: tuple[str, ...]) -> dict[int, str]:
-    """Global rank -> GPU name of `cluster`, placing the dims in `order` (outermost first)."""
+    """Global rank -> GPU name of `cluster`, placing the axes in `order` (outermost first)."""
     if sorted(order) != sorted(AXES):
         raise ValueError(f"order={order!r} must list each of {AXES} once, outermost first, e.g. "
                          "('dp', 'pp', 'tp') to keep tp inside a server")
@@ -82,11 +82,11 @@ def assign(plan: Plan3D, cluster: Cluster, order: tuple[str, ...]) -> dict[int, 
 
 
 @dataclass(frozen=True)
-class DimCost:
-    """One dim under one placement: its slowest hop's bandwidth (GB/s per direction, after sharing) and
+class AxisCost:
+    """One mesh axis under one placement: its slowest hop's bandwidth (GB/s per direction, after sharing) and
     latency, whether its groups cross servers, and the predicted seconds per step of its calls."""
 
-    dim: str
+    axis: str
     GBps: float
     latency: float
     crosses_servers: bool
@@ -95,20 +95,20 @@ class DimCost:
 
 @dataclass(frozen=True)
 class PlacementCost:
-    """One placement: its name, its dim order (outermost first) and each dim's `DimCost`."""
+    """One placement: its name, its axis order (outermost first) and each axis's `AxisCost`."""
 
     name: str
     order: tuple[str, ...]
-    dims: dict[str, DimCost]
+    axes: dict[str, AxisCost]
 
     @property
     def seconds(self) -> float:
-        return sum(d.seconds for d in self.dims.values())
+        return sum(a.seconds for a in self.axes.values())
 
 
-def _rings(plan: Plan3D, dim: str, gpu: dict[int, str]) -> list[list[str]]:
-    groups = layout(dp=plan.dp, pp=plan.pp, tp=plan.tp)[dim]
-    if dim == "pp":
+def _rings(plan: Plan3D, axis: str, gpu: dict[int, str]) -> list[list[str]]:
+    groups = layout(dp=plan.dp, pp=plan.pp, tp=plan.tp)[axis]
+    if axis == "pp":
         return [[gpu[g[i]], gpu[g[i + 1]]] for g in groups for i in range(len(g) - 1)]
     return [[gpu[r] for r in g] for g in groups if len(g) > 1]
 
@@ -116,22 +116,22 @@ def _rings(plan: Plan3D, dim: str, gpu: dict[int, str]) -> list[list[str]]:
 def predict_placement(name: str, order: tuple[str, ...], cluster: Cluster, config: GPTConfig = EXAMPLE_CONFIG,
                       plan: Plan3D = EXAMPLE_PLAN, batch: int = EXAMPLE_BATCH, seq: int = EXAMPLE_SEQ,
                       dtype_bytes: int = EXAMPLE_DTYPE_BYTES) -> PlacementCost:
-    """The predicted communication seconds per step of each dim under one placement (module docstring)."""
+    """The predicted communication seconds per step of each axis under one placement (module docstring)."""
     gpu = assign(plan, cluster, order)
     traffic = [predicted_traffic(config, plan, batch, seq, s, dtype_bytes) for s in range(plan.pp)]
-    dims = {}
-    for dim in AXES:
-        rings = _rings(plan, dim, gpu)
+    axes = {}
+    for axis in AXES:
+        rings = _rings(plan, axis, gpu)
         hops = [h for ring in ring_hops(cluster.topology, rings) for h in ring] if rings else []
         if not hops:
-            dims[dim] = DimCost(dim, math.inf, 0.0, False, 0.0)
+            axes[axis] = AxisCost(axis, math.inf, 0.0, False, 0.0)
             continue
         slow = min(hops, key=lambda h: (h.GBps, -h.latency))
         crosses = any(ring[0].split("/")[0] != g.split("/")[0] for ring in rings for g in ring)
         seconds = max(sum(t.steps * slow.latency + t.sent_bytes / (slow.GBps * 1e9)
-                          for t in tr.values() if t.axis == dim) for tr in traffic)
-        dims[dim] = DimCost(dim, slow.GBps, slow.latency, crosses, seconds)
-    return PlacementCost(name, tuple(order), dims)
+                          for t in tr.values() if t.axis == axis) for tr in traffic)
+        axes[axis] = AxisCost(axis, slow.GBps, slow.latency, crosses, seconds)
+    return PlacementCost(name, tuple(order), axes)
 
 
 def compare_placements(cluster: Cluster | None = None, **kwargs: Any) -> list[PlacementCost]:
@@ -141,12 +141,12 @@ def compare_placements(cluster: Cluster | None = None, **kwargs: Any) -> list[Pl
 
 
 def placement_table(costs: list[PlacementCost]) -> str:
-    """A text table: per placement and dim, the bottleneck bandwidth and the predicted milliseconds."""
+    """A text table: per placement and axis, the bottleneck bandwidth and the predicted milliseconds."""
     cols = "".join(f"{d + ' GB/s':>9s}{d + ' ms':>9s}" for d in AXES)
     head = f"{'placement':44s}{cols}{'total ms':>10s}"
     lines = [head]
     for c in costs:
-        cells = "".join(f"{c.dims[d].GBps:9.0f}{1e3 * c.dims[d].seconds:9.1f}"
-                        if math.isfinite(c.dims[d].GBps) else f"{'-':>9s}{0:9.1f}" for d in AXES)
+        cells = "".join(f"{c.axes[d].GBps:9.0f}{1e3 * c.axes[d].seconds:9.1f}"
+                        if math.isfinite(c.axes[d].GBps) else f"{'-':>9s}{0:9.1f}" for d in AXES)
         lines.append(f"{c.name:44s}{cells}{1e3 * c.seconds:10.1f}")
     return "\n".join(lines)

@@ -5,31 +5,52 @@ Each row names its source (a key of book/references.bib) and where in it the num
 the paper's; `zero`, `recompute`, `micro_batch`, `interleave` and `settings` are the planner's assumptions
 where the paper is silent, explained below. `counts_recompute` says whether the reported FLOP/s include the
 recomputation pass (Megatron-LM's eq. (3), which Megatron-DeepSpeed's counter follows) or only model
-FLOPs (Llama 3's MFU).
+FLOPs (Llama 3's MFU). Each figure below was re-read in its source, except where a line says otherwise.
 
-Megatron-LM (Narayanan et al. 2021, Table 1): GPT models with vocabulary 51,200 and sequences of 2048 on
-Selene, DGX A100 servers of eight 80 GB A100s and eight 200 Gb/s HDR InfiniBand NICs; activation
-recomputation, no optimizer sharding, micro-batch 1 (sec. 5.1), and the interleaved schedule (sec. 5.1);
-the paper does not state v for each row, so we assume the smallest that divides each stage's layers, 2
-(3 for the 530B model's 3 layers per stage). GPT-3 175B (same paper, sec. 5.1): the throughput behind its
-training-time estimate, 140 teraFLOP/s per GPU on 1024 A100s with a batch of 1536; the paper gives no
-layout for it, so we take its 145.6B row's (t = 8, p = 8), a model of the same width.
+Megatron-LM (Narayanan et al. 2021, Table 1, re-read): GPT models with vocabulary 51,200 and sequences of
+2048 on Selene, DGX A100 servers of eight 80 GB A100s and eight 200 Gb/s HDR InfiniBand NICs; t, p, GPUs,
+batch and TFLOP/s per GPU as printed (145.6B: 8, 8, 1536, 2304, 148; 310.1B: 8, 16, 1920, 2160, 155;
+529.6B: 8, 35, 2520, 2520, 163; 1008.0B: 8, 64, 3072, 3072, 163), d = GPUs / (t p). Sec. 5.1: "we use
+the interleaved pipeline schedule with the scatter/gather optimization", without v for each row: we assume
+the smallest v that divides each stage's layers, 2 (3 for the 530B model's 3 layers per stage). The
+FLOP/s come from eq. (3), which "assumes activation recomputation" (full, in 2021). The micro-batch of
+Table 1 is not printed; we assume 1, as in the paper's Table 2 and sec. 5.3 runs.
+GPT-3 175B (same paper, sec. 5.1, "Training Time Estimates", re-read): "On n=1024 A100 GPUs using batch
+size 1536, we achieve X=140 teraFLOP/s per GPU", the throughput behind its 34-day estimate; the paper gives
+no layout for it (Megatron-LM did not train GPT-3; the paper estimates what training it would take). The
+layout comes from NVIDIA's Megatron-LM repository, whose GPT-3 example (examples/pretrain_gpt3_175B.sh
+and its README) runs this model on the same 1024 A100s with the same batch: t = 8, p = 16 (so d = 8),
+micro-batch 1, activation checkpointing, no interleaving, "around 32 seconds" per step and 138 TFLOP/s per
+GPU.
 
-Llama 3 405B (Dubey et al. 2024, Table 4): H100s (80 GB) in servers of eight joined by NVLink, 400 Gb/s
-per GPU across servers (sec. 3.3.1); 16M tokens per batch; TFLOPs/GPU and MFU count model FLOPs. The
-paper balances the pipeline by putting one layer fewer on the first and the last stage (sec. 3.3.2; our
-`stage_layers` split), uses an interleaved schedule without stating v (we assume 4) whose rounds hold N
-micro-batches instead of p (its Figure 6 shows N = 5, which we take), zig-zag context parallelism, and
-FSDP, which shards the optimizer state (we assume ZeRO-1, an upper bound on memory); it trains the 8K
-stage without activation checkpointing (sec. 3.3.2), and we assume the same for the others.
+Llama 3 405B (Dubey et al. 2024, Table 4 and sec. 3.3, re-read): H100s (80 GB) in servers of eight joined
+by NVLink, 400 Gb/s per GPU across servers (sec. 3.3.1); 16M tokens per batch; TFLOPs/GPU and MFU count
+model FLOPs (430/43 %, 400/41 %, 380/38 %). Table 4 prints DP = 4 for the 128K row, which contradicts its
+own 16,384 GPUs (8 x 16 x 16 x 4 = 8,192) and 16M tokens per batch (4 x 16 x 131,072 = 8.4M); we take
+DP = 8, which agrees with both (and a 8,192-GPU reading with DP = 4 predicts the same TFLOP/s per GPU).
+The paper balances the pipeline by putting one layer fewer on the first and the last stage (sec. 3.3.2;
+our `stage_layers` split), uses an interleaved schedule without stating V (we assume 4) whose rounds hold
+N micro-batches instead of p (its Figure 6 illustrates N = 5, which we take; the production N is not
+stated), cuts each sequence into 2 x CP chunks for context parallelism (zig-zag) and all-gathers K and V
+rather than passing them round a ring, and runs FSDP that shards optimizer states and gradients but keeps
+the parameters gathered between forward and backward (we assume ZeRO-1, an upper bound on memory). It
+trains the 8K stage "without activation checkpointing" (sec. 3.3.2), and we assume the same for the
+others; the micro-batch is not stated (we assume 1 sequence).
 
-BLOOM (BigScience 2022, sec. 3.4): 384 A100 80 GB on Jean Zay, 8 per node with NVLink and four 100 Gb/s
-Omni-Path links per node (6.25 GB/s per GPU per direction), Megatron-DeepSpeed with t = 4, p = 12,
-d = 8, ZeRO stage 1, micro-batch 2, global batch 2048 sequences of 2048 tokens, and 156 TFLOP/s per GPU
-in its fastest configuration. DeepSpeed's pipeline runs 1F1B; we assume full recomputation.
+BLOOM 176B: 384 A100 80 GB on Jean Zay, 8 per node with NVLink and four 100 Gb/s Omni-Path links per node
+(6.25 GB/s per GPU per direction), global batch 2048 sequences of 2048 tokens. The layout is re-read from
+BigScience's training repository (train/tr11-176B-ml, README and slurm script): t = 4, p = 12, d = 8,
+micro-batch 2, activation checkpointing, a BF16 optimizer that shards the optimizer state as ZeRO-1 does,
+DeepSpeed's 1F1B pipeline with the tied embedding counted as a stage's block (5 blocks plus the embedding
+on the first and the last stage, 6 on the others: our `stage_layers` split of 70 over 12), and TFLOP/s
+counted with the recomputation pass. The 156 TFLOP/s per GPU is the figure of the BLOOM paper (sec. 3.4),
+not re-read from the paper here: GENCI's announcement states the same "sustained performance of 156
+TFlops/GPU".
 Megatron-Turing NLG 530B (Smith et al. 2022, sec. 2.4): 280 DGX A100 servers (2240 GPUs), t = 8,
-p = 35, d = 8, batch 1920, 60.1 s per step, 126 teraFLOP/s per GPU; DeepSpeed's 1F1B pipeline; we assume
-ZeRO-1, micro-batch 1 and full recomputation.
+p = 35, d = 8, batch 1920, 60.1 s per step, 126 teraFLOP/s per GPU (hardware FLOPs); DeepSpeed's 1F1B
+pipeline. Not re-read from the paper: these figures are confirmed by secondary sources quoting sec. 2.2
+and 2.4; DeepSpeed's ZeRO tutorial says the run used ZeRO stage 1. We assume micro-batch 1 and full
+recomputation.
 """
 
 from __future__ import annotations
@@ -96,9 +117,9 @@ RUNS = (
                  interleave=3),
     PublishedRun("megatron-1t", "megatron-1t", "A100", 3072, 3072, 8, 64, 6, 1, 163, True, *_N21,
                  interleave=2),
-    PublishedRun("gpt3-175b", "gpt3-175b", "A100", 1024, 1536, 8, 8, 16, 1, 140, True,
-                 "narayanan2021efficient", "sec. 5.1, training-time estimate", interleave=2,
-                 note="layout assumed: the 145.6B row's t = 8, p = 8"),
+    PublishedRun("gpt3-175b", "gpt3-175b", "A100", 1024, 1536, 8, 16, 8, 1, 140, True,
+                 "narayanan2021efficient", "sec. 5.1, training-time estimate",
+                 note="layout: Megatron-LM's GPT-3 example (nvidia2021megatronlm), 138 TFLOP/s, ~32 s/step"),
     PublishedRun("llama3-405b-8k", "llama3-405b", "H100", 8192, 2048, 8, 16, 64, 1, 430, False, *_L3,
                  mfu=0.43, zero=1, recompute="none", interleave=4, settings=_LLAMA,
                  note="8,192 GPUs, 32 sequences per DP rank"),
@@ -110,7 +131,7 @@ RUNS = (
                  note="131,072-token sequences, CP 16"),
     PublishedRun("bloom-176b", "bloom-176b", "A100", 384, 2048, 4, 12, 8, 1, 156, True, "bigscience2022bloom",
                  "sec. 3.4", zero=1, micro_batch=2, settings=_DEEPSPEED, inter_GBps=6.25,
-                 note="Jean Zay: four 100 Gb/s Omni-Path links per node of 8"),
+                 note="layout: bigscience2022tr11; Jean Zay: four 100 Gb/s Omni-Path links per node of 8"),
     PublishedRun("mt-nlg-530b", "mt-nlg-530b", "A100", 2240, 1920, 8, 35, 8, 1, 126, True, "smith2022mtnlg",
                  "sec. 2.4", zero=1, settings=_DEEPSPEED, note="280 DGX A100, 60.1 s per step"),
 )
