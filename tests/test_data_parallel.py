@@ -364,7 +364,7 @@ def test_a_strategy_refuses_parameters_it_does_not_cover() -> None:
 
 
 def _on_mesh() -> dict:
-    """Inside 4 ranks: DP over each dim of grid(dp=2, tp=2), the benchmark over dp, a foreign group."""
+    """Inside 4 ranks: DP over each axis of grid(dp=2, tp=2), the benchmark over dp, a foreign group."""
     mlp, dims, out = reference.mlp_task(), {"dp": 2, "tp": 2}, {}
     for s in ("per_parameter", "bucketed", "overlapped", "ddp"):
         out["dp", s] = parity.train_on_mesh_dim(mlp, dims, "dp", seeds={0: 0, 1: 1}, strategy=s, steps=STEPS,

@@ -133,9 +133,9 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "predicted all-reduce time vs number of DGX A100 servers"),
     # Chapter 9: putting it together
     BookFigure("p3d-mesh.png", partial(parallel3d.mesh_figure, 2, 2, 2),
-               "the ranks of grid(dp=2, pp=2, tp=2) and which talk to which over each dim"),
+               "the ranks of grid(dp=2, pp=2, tp=2) and which talk to which over each mesh axis"),
     BookFigure("p3d-placement.png", parallel3d.placement_figure,
-               "predicted communication per step of each dim, three placements on two DGX A100"),
+               "predicted communication per step of each mesh axis, three placements on two DGX A100"),
     BookFigure("planner-candidates.png", partial(plan.candidates_figure, "llama3-405b-8k"),
                "every planner candidate for Llama 3 405B's 8K stage: memory vs predicted step time"),
     BookFigure("planner-terms.png", partial(plan.published_terms_figure, "megatron-1t"),
