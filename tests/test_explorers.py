@@ -103,3 +103,26 @@ def test_bad_grid_is_rejected_with_a_message() -> None:
 
     with pytest.raises(ValueError, match=r"grid=\{'b': \[\]\} needs at least one control with at least one"):
         explorers.static_frames(comm_frame, {"b": []})
+
+
+def test_live_explorer_adjusts_then_redraws_and_holds_the_controls_outside_the_grid() -> None:
+    widgets = pytest.importorskip("ipywidgets")
+    pytest.importorskip("plotly")
+    drawn = []
+
+    def draw(a: int = 1, b: int = 2) -> list[tuple[str, str]]:
+        drawn.append((a, b))
+        return [("a", str(a)), ("b", str(b))]
+
+    def b_at_most_a(controls: dict) -> None:
+        controls["b"].max = controls["a"].value
+
+    c = {"a": widgets.IntSlider(value=4, min=1, max=9), "b": widgets.IntSlider(value=2, min=1, max=9)}
+    box = explorers.live_explorer("t", draw, c, {"a": [1, 4]}, adjust=b_at_most_a)
+    assert c["b"].max == 4 and drawn == [(4, 2)]
+    c["a"].value = 1  # adjust first (b is clamped to 1, itself a move), then the frame of the new setting
+    assert c["b"].max == 1 and drawn[-1] == (1, 1)
+    assert box.children[-1].value == explorers.rows_html(draw(1, 1))
+    assert list(box.children[0].children) == [c["a"], c["b"]]
+    _, shown, grid, fixed, start = box._static.__wrapped__.args
+    assert shown is draw and grid == {"a": [1, 4]} and fixed == {"b": 2} and start == {"a": 4}

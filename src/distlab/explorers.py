@@ -10,6 +10,8 @@ one plotly figure with a slider per control. JupyterLab shows the widget (a kern
 no internet (plotly.js is served from the book's ``_static``, ``tools/distlab_book.py``). Because both views
 come from the one frame function, they cannot disagree; ``tests/test_explorers.py`` checks it.
 
+`live_explorer` builds the usual live view around a frame function (a control per keyword argument, a redraw
+on every move) and hands it to `explorer_box`, so a chapter's explorer is its controls and its grid.
 The static grid is computed only when the box is displayed, so building an explorer stays cheap.
 """
 
@@ -209,6 +211,46 @@ def explorer_box(children: Sequence[Any], name: str, draw: Callable[..., Frame],
     box = _box_class()(list(children))
     box._static = functools.cache(functools.partial(static_html, name, draw, grid, fixed, start))
     return box
+
+
+def live_explorer(name: str, draw: Callable[..., Frame], controls: Mapping[str, Any],
+                  grid: Mapping[str, Sequence[Any]], layout: Sequence[Any] | None = None,
+                  adjust: Callable[[Mapping[str, Any]], None] | None = None,
+                  start: Mapping[str, Any] | None = None) -> Any:
+    """The explorer of the frame function `draw`, both views: `controls` maps each keyword argument of
+    `draw` to its ipywidgets control, and any move redraws (calling `adjust(controls)` first, say to bound
+    one control by another). Figures go to an `Output`, a table to an `HTML` widget (`rows_html`), under
+    the controls: one row of them, or the widgets of `layout`, which hold them. The static view is
+    `explorer_box` over `grid`; a control outside `grid` is held at its initial value, and the static
+    sliders start at `start` (default: where the controls start)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    def frame() -> Frame:
+        if adjust is not None:
+            adjust(controls)
+        return draw(**{k: c.value for k, c in controls.items()})
+
+    first = frame()
+    out = widgets.HTML() if is_table(first) else widgets.Output()
+
+    def show(shown: Frame) -> None:
+        if is_table(shown):
+            out.value = rows_html(shown)
+            return
+        with out:
+            out.clear_output(wait=True)
+            for fig in _figures(shown):
+                display(fig)
+
+    for control in controls.values():
+        control.observe(lambda _: show(frame()), names="value")
+    show(first)
+    initial = {k: c.value for k, c in controls.items()}
+    held = {k: v for k, v in initial.items() if k not in grid} or None
+    start = {k: v for k, v in initial.items() if k in grid} if start is None else start
+    rows = [widgets.HBox(list(controls.values()))] if layout is None else list(layout)
+    return explorer_box([*rows, out], name, draw, grid, held, start)
 
 
 def frame_json(html_text: str) -> dict:

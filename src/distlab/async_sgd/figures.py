@@ -14,7 +14,7 @@ from distlab.async_sgd.cost_model import max_stable_lr
 from distlab.async_sgd.problem import Problem
 from distlab.async_sgd.simulate import simulate
 from distlab.async_sgd.staleness import delayed_sgd
-from distlab.explorers import explorer_box
+from distlab.explorers import live_explorer
 from distlab.style import GREY, LINES, done
 
 COLOURS = LINES[:-1]  # the palette's line colours, one per worker or run (black is kept for text)
@@ -146,22 +146,9 @@ def schedule_explorer():  # -> ipywidgets.Widget
     """Sliders for the straggler's slowdown, the number of workers and s, redrawing the simulated
     schedule and its staleness histograms (`schedule_frame`, also the static book version)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    out = widgets.Output()
-    slow = widgets.FloatSlider(value=4.0, min=1.0, max=8.0, step=0.5, description="slowdown")
-    workers = widgets.IntSlider(value=3, min=1, max=6, description="workers")
-    s = widgets.IntSlider(value=1, min=0, max=6, description="SSP s")
-
-    def redraw(_=None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            for fig in schedule_frame(slow.value, workers.value, s.value):
-                display(fig)
-
-    for w in (slow, workers, s):
-        w.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([slow, workers, s]), out], "async-schedule", schedule_frame,
-                        {"slowdown": [1.0, 4.0], "s": [0, 1, 3]}, fixed={"workers": 3},
-                        start={"slowdown": 4.0, "s": 1})
+    controls = {
+        "slowdown": widgets.FloatSlider(value=4.0, min=1.0, max=8.0, step=0.5, description="slowdown"),
+        "workers": widgets.IntSlider(value=3, min=1, max=6, description="workers"),
+        "s": widgets.IntSlider(value=1, min=0, max=6, description="SSP s")}
+    return live_explorer("async-schedule", schedule_frame, controls, {"slowdown": [1.0, 4.0], "s": [0, 1, 3]})

@@ -21,7 +21,7 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.data_parallel.buckets import make_buckets
 from distlab.data_parallel.cost_model import predict_step_seconds, predicted_timeline
 from distlab.data_parallel.timeline import StepTimeline
-from distlab.explorers import explorer_box
+from distlab.explorers import live_explorer
 from distlab.style import COMMUNICATION, COMPUTE, GREY, LINES, VERMILION, done
 
 if TYPE_CHECKING:
@@ -176,28 +176,17 @@ def timeline_explorer() -> ipywidgets.VBox:
     the number of ranks, the bucket size, the backward time, alpha and the bandwidth (`timeline_frame`,
     also the static book version over a small grid)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     style = {"description_width": "110px"}
-    p = widgets.IntSlider(8, 2, 64, description="ranks p", style=style)
-    bucket = widgets.SelectionSlider(options=[(f"{k // 1024} MiB" if k >= 1024 else f"{k} KiB", k << 10)
-                                              for k in BUCKET_KIB], value=4 << 20, description="bucket",
-                                     style=style)
-    backward = widgets.FloatSlider(4.0, min=0.5, max=20.0, step=0.5, description="backward (ms)", style=style)
-    alpha = widgets.FloatLogSlider(20.0, base=10, min=0, max=3, description="α (µs)", style=style)
-    bandwidth = widgets.FloatLogSlider(10.0, base=10, min=-1, max=2.7, description="1/β (GB/s)", style=style)
-    out = widgets.Output()
-
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(timeline_frame(p.value, bucket.value, backward.value, alpha.value, bandwidth.value))
-
-    for w in (p, bucket, backward, alpha, bandwidth):
-        w.observe(redraw, names="value")
-    redraw()
-    controls = widgets.HBox([widgets.VBox([p, bucket, backward]), widgets.VBox([alpha, bandwidth])])
-    return explorer_box([controls, out], "dp-timeline", timeline_frame,
-                        {"p": [2, 8, 32], "bucket": [256 << 10, 4 << 20, 25 << 20]},
-                        fixed={"backward_ms": 4.0, "alpha_us": 20.0, "bandwidth_GBps": 10.0},
-                        start={"p": 8, "bucket": 4 << 20})
+    buckets = [(f"{k // 1024} MiB" if k >= 1024 else f"{k} KiB", k << 10) for k in BUCKET_KIB]
+    c = {"p": widgets.IntSlider(8, 2, 64, description="ranks p", style=style),
+         "bucket": widgets.SelectionSlider(options=buckets, value=4 << 20, description="bucket", style=style),
+         "backward_ms": widgets.FloatSlider(4.0, min=0.5, max=20.0, step=0.5, description="backward (ms)",
+                                            style=style),
+         "alpha_us": widgets.FloatLogSlider(20.0, base=10, min=0, max=3, description="α (µs)", style=style),
+         "bandwidth_GBps": widgets.FloatLogSlider(10.0, base=10, min=-1, max=2.7, description="1/β (GB/s)",
+                                                  style=style)}
+    columns = widgets.HBox([widgets.VBox([c["p"], c["bucket"], c["backward_ms"]]),
+                            widgets.VBox([c["alpha_us"], c["bandwidth_GBps"]])])
+    grid = {"p": [2, 8, 32], "bucket": [256 << 10, 4 << 20, 25 << 20]}
+    return live_explorer("dp-timeline", timeline_frame, c, grid, [columns])

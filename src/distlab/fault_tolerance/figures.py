@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from distlab.explorers import explorer_box
+from distlab.explorers import live_explorer
 from distlab.fault_tolerance import cost_model, goodput
 from distlab.style import BLUE, GREY, ORANGE, VERMILION, styled
 
@@ -114,24 +114,14 @@ def goodput_frame(failures_per_day: float, checkpoint_s: float, replicas: int) -
 
 def goodput_explorer():  # -> ipywidgets.Widget
     """Sliders for the failure rate, the checkpoint's cost and the number of replicas (`goodput_frame`,
-    also the static book version)."""
+    also the static book version, whose checkpoint slider starts at its first value, 30 s)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    out = widgets.Output()
-    rate = widgets.FloatLogSlider(value=10.0, base=10, min=-1, max=2.3, description="failures/day")
-    cost = widgets.FloatSlider(value=60.0, min=10.0, max=600.0, step=10.0, description="checkpoint s")
-    reps = widgets.IntSlider(value=8, min=2, max=64, description="replicas")
-
-    def redraw(_=None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            for fig in goodput_frame(rate.value, cost.value, reps.value):
-                display(fig)
-
-    for w in (rate, cost, reps):
-        w.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([rate, cost, reps]), out], "goodput", goodput_frame,
-                        {"failures_per_day": [1.0, 10.0, 100.0], "checkpoint_s": [30.0, 300.0]},
-                        fixed={"replicas": 8}, start={"failures_per_day": 10.0, "checkpoint_s": 30.0})
+    controls = {"failures_per_day": widgets.FloatLogSlider(value=10.0, base=10, min=-1, max=2.3,
+                                                           description="failures/day"),
+                "checkpoint_s": widgets.FloatSlider(value=60.0, min=10.0, max=600.0, step=10.0,
+                                                    description="checkpoint s"),
+                "replicas": widgets.IntSlider(value=8, min=2, max=64, description="replicas")}
+    return live_explorer("goodput", goodput_frame, controls,
+                         {"failures_per_day": [1.0, 10.0, 100.0], "checkpoint_s": [30.0, 300.0]},
+                         start={"failures_per_day": 10.0, "checkpoint_s": 30.0})

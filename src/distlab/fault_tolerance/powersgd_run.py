@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from torch import nn
 
-from distlab import sharding
 from distlab.memory.compression import PowerSGD
 from distlab.reference import Task
 
@@ -20,21 +19,12 @@ if TYPE_CHECKING:
 def powersgd_run(recipe: Recipe, model: nn.Module, task: Task, steps: int, global_batch: int, seed: int,
                  group: dist.ProcessGroup | None) -> ReplicaRun:
     """Inside a rank: train `model` with DDP + PowerSGD (rank `recipe.powersgd_rank`) and AdamW."""
-    from distlab.fault_tolerance.replica_loop import ReplicaRun, inner_optimizer
-    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    from distlab.fault_tolerance.replica_loop import ReplicaRun, inner_optimizer, train_shards
     state = PowerSGD(group=group, rank=recipe.powersgd_rank, seed=seed)
     ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
     ddp.register_comm_hook(state, PowerSGD.hook)
     inner = inner_optimizer(recipe, list(model.parameters()))
-    losses = []
-    for s in range(steps):
-        x, y = task.batch(s, global_batch, seed)
-        mine = sharding.shard(len(x), rank, p)
-        inner.zero_grad(set_to_none=True)
-        loss = task.loss(ddp, x[mine], y[mine])
-        loss.backward()
-        inner.step()
-        losses.append(loss.item())
+    losses = train_shards(task, steps, global_batch, seed, group, ddp, inner, inner.step)
     params = {n: q.detach().clone() for n, q in model.named_parameters()}
     return ReplicaRun(losses, params, [], float(state.log.sent_bytes()), len(state.log.records))
 

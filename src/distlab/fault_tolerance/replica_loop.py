@@ -13,6 +13,7 @@ that a mistake in either shows up as a difference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,26 +114,34 @@ def make_trainer(recipe: Recipe, model: nn.Module, inner: Optimizer,
     raise ValueError(f"method={r.method!r} has no trainer here; 'powersgd' runs through powersgd_run")
 
 
+def train_shards(task: Task, steps: int, global_batch: int, seed: int, group: dist.ProcessGroup | None,
+                 model: nn.Module, inner: Optimizer, step: Callable[[], None]) -> list[float]:
+    """The data loop every replica runs on ranks: at step s, this rank's shard `sharding.shard(B, r, R)` of
+    `task.batch(s, B, seed)`, forward through `model`, backward, then `step()` (the method's trainer, or
+    `inner.step`); the losses on the shard."""
+    p, rank, losses = dist.get_world_size(group), dist.get_rank(group), []
+    for s in range(steps):
+        x, y = task.batch(s, global_batch, seed)
+        mine = sharding.shard(len(x), rank, p)
+        inner.zero_grad(set_to_none=True)
+        loss = task.loss(model, x[mine], y[mine])
+        loss.backward()
+        step()
+        losses.append(loss.item())
+    return losses
+
+
 def on_ranks(recipe: Recipe, task: Task, steps: int, global_batch: int, seed: int = 0,
              group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32) -> ReplicaRun:
     """Inside a rank of `group`: train this replica for `steps` inner steps and report its run."""
-    p, rank = dist.get_world_size(group), dist.get_rank(group)
     model = task.build(seed).to(dtype)
     if recipe.method == "powersgd":
         from distlab.fault_tolerance.powersgd_run import powersgd_run
         return powersgd_run(recipe, model, task, steps, global_batch, seed, group)
     inner = inner_optimizer(recipe, list(model.parameters()))
     trainer = make_trainer(recipe, model, inner, group)
-    losses = []
     with comm_log() as log:
-        for s in range(steps):
-            x, y = task.batch(s, global_batch, seed)
-            mine = sharding.shard(len(x), rank, p)
-            inner.zero_grad(set_to_none=True)
-            loss = task.loss(model, x[mine], y[mine])
-            loss.backward()
-            trainer.step()
-            losses.append(loss.item())
+        losses = train_shards(task, steps, global_batch, seed, group, model, inner, trainer.step)
     return ReplicaRun(losses, {n: q.detach().clone() for n, q in model.named_parameters()},
                       list(getattr(trainer, "pseudo_gradients", [])), log.sent_bytes(), log.calls())
 

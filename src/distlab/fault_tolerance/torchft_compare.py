@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab import sharding
-from distlab.fault_tolerance.replica_loop import Recipe, inner_optimizer, make_trainer
+from distlab.fault_tolerance.replica_loop import Recipe, inner_optimizer, make_trainer, train_shards
 from distlab.fault_tolerance.streaming import layer_fragments
 from distlab.reference import Task
 
@@ -109,20 +108,6 @@ def _snapshot(model: nn.Module) -> dict[str, Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _train(task: Task, steps: int, global_batch: int, seed: int, group: dist.ProcessGroup | None,
-           model: nn.Module, inner: Any, step: Any) -> list[float]:
-    p, rank, losses = dist.get_world_size(group), dist.get_rank(group), []
-    for s in range(steps):
-        x, y = task.batch(s, global_batch, seed)
-        mine = sharding.shard(len(x), rank, p)
-        inner.zero_grad(set_to_none=True)
-        loss = task.loss(model, x[mine], y[mine])
-        loss.backward()
-        step()
-        losses.append(loss.item())
-    return losses
-
-
 def torchft_run(recipe: Recipe, task: Task, steps: int, global_batch: int, seed: int = 0,
                 group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float64) -> OuterSteps:
     """Inside a rank: torchft's `LocalSGD` ("local_sgd") or `DiLoCo` ("diloco", "streaming": K
@@ -148,7 +133,7 @@ def torchft_run(recipe: Recipe, task: Task, steps: int, global_batch: int, seed:
     with wrapper:  # hooks run in the order registered: ours after torchft's
         if recipe.method == "local_sgd":
             inner.register_step_post_hook(lambda *_: _after_local_sgd(manager, model, out))
-        out.losses = _train(task, steps, global_batch, seed, group, model, inner, inner.step)
+        out.losses = train_shards(task, steps, global_batch, seed, group, model, inner, inner.step)
     return out
 
 
@@ -178,5 +163,5 @@ def our_run(recipe: Recipe, task: Task, steps: int, global_batch: int, seed: int
             out.pseudo_gradients.append({names[id(p)]: d.clone()
                                          for p, d in zip(sync.params, sync.pseudo_gradients, strict=True)})
 
-    out.losses = _train(task, steps, global_batch, seed, group, model, inner, step)
+    out.losses = train_shards(task, steps, global_batch, seed, group, model, inner, step)
     return out

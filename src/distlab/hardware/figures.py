@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from distlab import catalog
-from distlab.explorers import explorer_box, message_figure
+from distlab.explorers import live_explorer, message_figure
 from distlab.hardware import cost_model, topology
 from distlab.style import OKABE_ITO, done
 
@@ -136,22 +136,10 @@ def explorer() -> Any:
     """ipywidgets explorer: server, number of servers and message size -> predicted times and bottleneck
     (`explorer_frame`, also the static book version over a small grid)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    server = widgets.Dropdown(options=list(topology.SERVERS), value="DGX A100", description="server")
-    nodes = widgets.IntSlider(value=4, min=1, max=16, description="servers")
-    log2n = widgets.IntSlider(value=26, min=10, max=30, description="log2 bytes")
-    out = widgets.Output()
-
-    def redraw(*_: object) -> None:
-        with out:
-            out.clear_output(wait=True)
-            for fig in explorer_frame(server.value, nodes.value, log2n.value):
-                display(fig)
-
-    for w in (server, nodes, log2n):
-        w.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([server, nodes, log2n]), out], "hardware", explorer_frame,
-                        {"server": list(topology.SERVERS), "nodes": [1, 4, 16]}, fixed={"log2n": 26},
-                        start={"server": "DGX A100", "nodes": 4})
+    controls = {
+        "server": widgets.Dropdown(options=list(topology.SERVERS), value="DGX A100", description="server"),
+        "nodes": widgets.IntSlider(value=4, min=1, max=16, description="servers"),
+        "log2n": widgets.IntSlider(value=26, min=10, max=30, description="log2 bytes")}
+    return live_explorer("hardware", explorer_frame, controls,
+                         {"server": list(topology.SERVERS), "nodes": [1, 4, 16]})

@@ -15,8 +15,9 @@ buffer, not a parameter. DeepSeek-V3 scores experts with a sigmoid; this course'
 softmax of chapter 6, and the bias is added to those probabilities.
 
 `AuxFreeMoELayer` is chapter 6's `MoELayer` with biased selection (capacity and drop order unchanged);
-`train_aux_free` trains it on `load_balance`'s task (the same skewed tokens, block, target and seeds as
-`load_balance.train_balance`), so the three runs of `compare_balancing` differ only in how they balance.
+`train_aux_free` trains it with `load_balance.train_block`, the run `load_balance.train_balance` makes
+(the same skewed tokens, block, target and seeds), so the three runs of `compare_balancing` differ only in
+how they balance.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from distlab.moe.gating import Routing, expert_capacity, priority_positions
 from distlab.moe.layer import MoELayer
-from distlab.moe.load_balance import BalanceHistory, _Block, one_thread, skewed_tokens, train_balance
+from distlab.moe.load_balance import BalanceHistory, train_balance, train_block
 
 
 def update_bias(bias: Tensor, load: Tensor, rate: float) -> Tensor:
@@ -75,28 +76,12 @@ def train_aux_free(rate: float, steps: int = 120, num_experts: int = 8, k: int =
     """`load_balance.train_balance`'s run with no auxiliary loss in the objective and the bias updated by
     `rate` after every step from the assignments each expert *wanted* (before capacity). The history's
     aux_loss is Switch's loss, recorded only to compare."""
-    with one_thread():
-        torch.manual_seed(seed)
-        layer = AuxFreeMoELayer(d_model, d_hidden, num_experts, k, capacity_factor)
-        model = _Block(layer, d_model).double()
-        a = torch.randn(d_model, d_model, generator=torch.Generator().manual_seed(seed + 1)).double()
-        a = a / d_model**0.5
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        task, aux, loads, dropped = [], [], [], []
-        for step in range(steps):
-            x = skewed_tokens(tokens_per_step, d_model, skew, seed=1000 * seed + step + 1).double()
-            pred, out = model(x)
-            mse = (pred - torch.tanh(x @ a)).square().mean()
-            opt.zero_grad()
-            mse.backward()
-            opt.step()
-            wanted = out.tokens_per_expert(kept_only=False).double()
-            layer.expert_bias = update_bias(layer.expert_bias, wanted, rate)
-            task.append(float(mse.detach()))
-            aux.append(float(out.aux_loss.detach()))
-            loads.append(wanted / wanted.sum())
-            dropped.append(out.dropped_fraction())
-    return BalanceHistory(task, aux, torch.stack(loads), dropped)
+
+    def rebalance(layer: MoELayer, wanted: Tensor) -> None:
+        layer.expert_bias = update_bias(layer.expert_bias, wanted, rate)
+
+    return train_block(lambda: AuxFreeMoELayer(d_model, d_hidden, num_experts, k, capacity_factor), steps,
+                       skew, tokens_per_step, lr, seed, rebalance=rebalance)
 
 
 def compare_balancing(steps: int = 120, aux_weight: float = 1e-2, rate: float = 1e-2, last: int = 20,

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from distlab.explorers import explorer_box
+from distlab.explorers import live_explorer
 from distlab.moe.load_balance import (
     BalanceHistory,
     drop_rate_curve,
@@ -79,30 +79,41 @@ def drop_rate_figure(skews: Sequence[float] = (0.0, 0.5, 1.0, 2.0), num_experts:
     return done(fig)
 
 
-def load_balancing_figure(without: BalanceHistory | None = None, with_aux: BalanceHistory | None = None,
-                          aux_weight: float = 1e-2) -> Figure:
-    """The same short training run without and with the load-balancing loss: the busiest expert's load
-    over the mean, and the fraction of assignments dropped, per step (runs `train_balance` if needed)."""
-    without = train_balance(0.0) if without is None else without
-    with_aux = train_balance(aux_weight) if with_aux is None else with_aux
+def training_runs_figure(runs: Sequence[tuple[str, str, BalanceHistory]], right: str, ylabel: str,
+                         title: str, log: bool = False) -> Figure:
+    """Per training step of each (name, colour, history) run: the busiest expert's load over the mean
+    (left), and the history's series `right` ("dropped" or "task_loss") titled `title` (right)."""
     with mpl.rc_context(dict(RC)):
         fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
-        for hist, colour, name in ((without, VERMILION, "no aux loss"),
-                                   (with_aux, BLUE, f"aux loss x {aux_weight:g}")):
-            steps = np.arange(len(hist.dropped))
+        for name, colour, hist in runs:
+            values = getattr(hist, right)
+            steps = np.arange(len(values))
             a.plot(steps, hist.imbalance().numpy(), color=colour, label=name)
-            b.plot(steps, hist.dropped, color=colour, label=name)
+            b.plot(steps, values, color=colour, label=name)
         a.axhline(1, color=GREY, lw=0.8, ls=":")
         a.set_ylabel("busiest expert / mean load")
         a.set_title("Load imbalance (1 = even)")
-        b.set_ylabel("fraction of assignments dropped")
-        b.set_title("Tokens dropped at capacity factor 1.25")
+        b.set_ylabel(ylabel)
+        if log:
+            b.set_yscale("log")
+        b.set_title(title)
         for ax in (a, b):
             ax.set_xlabel("training step")
             ax.grid(alpha=0.3)
         a.legend()
         fig.tight_layout()
     return done(fig)
+
+
+def load_balancing_figure(without: BalanceHistory | None = None, with_aux: BalanceHistory | None = None,
+                          aux_weight: float = 1e-2) -> Figure:
+    """The same short training run without and with the load-balancing loss: the busiest expert's load
+    over the mean, and the fraction of assignments dropped, per step (runs `train_balance` if needed)."""
+    without = train_balance(0.0) if without is None else without
+    with_aux = train_balance(aux_weight) if with_aux is None else with_aux
+    return training_runs_figure([("no aux loss", VERMILION, without),
+                                 (f"aux loss x {aux_weight:g}", BLUE, with_aux)], "dropped",
+                                "fraction of assignments dropped", "Tokens dropped at capacity factor 1.25")
 
 
 def send_matrix_figure(skews: Sequence[float] = (0.0, 1.0), world_size: int = 4, num_experts: int = 8,
@@ -144,23 +155,15 @@ def moe_explorer() -> ipywidgets.VBox:
     """A widget: pick experts, k, capacity factor and skew; see the routing histogram and the drop rate
     (`moe_frame`, also the static book version over a small grid)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    experts = widgets.IntSlider(value=8, min=2, max=32, description="experts E")
-    k = widgets.IntSlider(value=1, min=1, max=4, description="k")
-    factor = widgets.FloatSlider(value=1.25, min=0.25, max=3.0, step=0.05, description="capacity f.")
-    skew = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.1, description="skew")
-    out = widgets.Output()
+    c = {"experts": widgets.IntSlider(value=8, min=2, max=32, description="experts E"),
+         "k": widgets.IntSlider(value=1, min=1, max=4, description="k"),
+         "factor": widgets.FloatSlider(value=1.25, min=0.25, max=3.0, step=0.05, description="capacity f."),
+         "skew": widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.1, description="skew")}
 
-    def redraw(_: object = None) -> None:
-        k.max = experts.value
-        with out:
-            out.clear_output(wait=True)
-            display(moe_frame(experts.value, k.value, factor.value, skew.value))
+    def k_at_most_experts(controls: dict) -> None:
+        controls["k"].max = controls["experts"].value
 
-    for w in (experts, k, factor, skew):
-        w.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([experts, k]), widgets.HBox([factor, skew]), out], "moe", moe_frame,
-                        {"k": [1, 2], "factor": [1.0, 1.25, 2.0], "skew": [0.0, 1.0, 2.0]},
-                        fixed={"experts": 8}, start={"k": 1, "factor": 1.25, "skew": 1.0})
+    grid = {"k": [1, 2], "factor": [1.0, 1.25, 2.0], "skew": [0.0, 1.0, 2.0]}
+    rows = [widgets.HBox([c["experts"], c["k"]]), widgets.HBox([c["factor"], c["skew"]])]
+    return live_explorer("moe", moe_frame, c, grid, rows, k_at_most_experts)

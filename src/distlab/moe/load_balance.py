@@ -15,7 +15,7 @@ the drop rates and the training run would then differ from machine to machine; i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -109,14 +109,19 @@ class _Block(nn.Module):
         return self.head(x + out.y), out
 
 
-def train_balance(aux_weight: float, steps: int = 120, num_experts: int = 8, k: int = 1,
-                  capacity_factor: float = 1.25, skew: float = 1.0, tokens_per_step: int = 256,
-                  d_model: int = 16, d_hidden: int = 32, lr: float = 1e-2, seed: int = 0) -> BalanceHistory:
-    """Train x -> head(x + MoE(x)) to regress tanh(x A) (A fixed and random) on skewed tokens, with Adam
-    and loss = MSE + aux_weight * load_balancing_loss (Switch uses aux_weight = 1e-2). Deterministic."""
+def train_block(make_layer: Callable[[], MoELayer], steps: int = 120, skew: float = 1.0,
+                tokens_per_step: int = 256, lr: float = 1e-2, seed: int = 0, aux_weight: float | None = None,
+                rebalance: Callable[[MoELayer, Tensor], None] | None = None) -> BalanceHistory:
+    """The training run every balancing method here shares: x -> head(x + MoE(x)), the layer built by
+    `make_layer` after seeding with `seed`, regresses tanh(x A) (A fixed and random) on skewed tokens, with
+    Adam. The objective is MSE + aux_weight * load_balancing_loss (the MSE alone when aux_weight is None);
+    after each optimizer step, `rebalance(layer, wanted)` sees the assignments each expert *wanted* (before
+    capacity). Deterministic."""
     with one_thread():
         torch.manual_seed(seed)
-        model = _Block(MoELayer(d_model, d_hidden, num_experts, k, capacity_factor), d_model).double()
+        layer = make_layer()
+        d_model = layer.router.w_g.in_features
+        model = _Block(layer, d_model).double()
         a = torch.randn(d_model, d_model, generator=torch.Generator().manual_seed(seed + 1)).double()
         a = a / d_model**0.5
         opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -125,16 +130,27 @@ def train_balance(aux_weight: float, steps: int = 120, num_experts: int = 8, k: 
             x = skewed_tokens(tokens_per_step, d_model, skew, seed=1000 * seed + step + 1).double()
             pred, out = model(x)
             mse = (pred - torch.tanh(x @ a)).square().mean()
-            loss = mse + aux_weight * out.aux_loss
+            loss = mse if aux_weight is None else mse + aux_weight * out.aux_loss
             opt.zero_grad()
             loss.backward()
             opt.step()
             wanted = out.tokens_per_expert(kept_only=False).double()
+            if rebalance is not None:
+                rebalance(layer, wanted)
             task.append(float(mse.detach()))
             aux.append(float(out.aux_loss.detach()))
             loads.append(wanted / wanted.sum())
             dropped.append(out.dropped_fraction())
     return BalanceHistory(task, aux, torch.stack(loads), dropped)
+
+
+def train_balance(aux_weight: float, steps: int = 120, num_experts: int = 8, k: int = 1,
+                  capacity_factor: float = 1.25, skew: float = 1.0, tokens_per_step: int = 256,
+                  d_model: int = 16, d_hidden: int = 32, lr: float = 1e-2, seed: int = 0) -> BalanceHistory:
+    """`train_block` of chapter 6's `MoELayer` with loss = MSE + aux_weight * load_balancing_loss (Switch
+    uses aux_weight = 1e-2)."""
+    return train_block(lambda: MoELayer(d_model, d_hidden, num_experts, k, capacity_factor), steps, skew,
+                       tokens_per_step, lr, seed, aux_weight=aux_weight)
 
 
 def send_matrix(num_experts: int, k: int, capacity_factor: float, skew: float, world_size: int,

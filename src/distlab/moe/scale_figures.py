@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from distlab.moe.dispatch_cost import dispatch_time
+from distlab.moe.figures import training_runs_figure
 from distlab.moe.load_balance import BalanceHistory
 from distlab.style import BLUE, GREEN, GREY, LINES, RC, VERMILION, done
 
@@ -43,21 +44,6 @@ def dispatch_cost_figure(servers: Sequence[str] = ("DGX A100", "DGX H100"),
 def balancing_comparison_figure(runs: dict[str, BalanceHistory]) -> Figure:
     """Per step, the busiest expert's load over the mean and the task loss of each run in `runs`."""
     colours = (VERMILION, BLUE, GREEN) + tuple(LINES)
-    with mpl.rc_context(dict(RC)):
-        fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
-        for colour, (name, hist) in zip(colours, runs.items(), strict=False):
-            steps = np.arange(len(hist.task_loss))
-            a.plot(steps, hist.imbalance().numpy(), color=colour, label=name)
-            b.plot(steps, hist.task_loss, color=colour, label=name)
-        a.axhline(1, color=GREY, lw=0.8, ls=":")
-        a.set_ylabel("busiest expert / mean load")
-        a.set_title("Load imbalance (1 = even)")
-        b.set_ylabel("task loss (MSE)")
-        b.set_yscale("log")
-        b.set_title("Task loss, without any auxiliary term")
-        for ax in (a, b):
-            ax.set_xlabel("training step")
-            ax.grid(alpha=0.3)
-        a.legend()
-        fig.tight_layout()
-    return done(fig)
+    return training_runs_figure([(name, colour, hist) for colour, (name, hist)
+                                 in zip(colours, runs.items(), strict=False)], "task_loss",
+                                "task loss (MSE)", "Task loss, without any auxiliary term", log=True)

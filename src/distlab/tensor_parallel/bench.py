@@ -32,15 +32,20 @@ from distlab.tensor_parallel.layers import shard_cols, shard_rows
 from distlab.tensor_parallel.model import ParallelMLP
 
 
-def _median_time(step: Callable[[], None], iters: int, group: Group) -> float:
-    step()  # warm-up
+def step_times(step: Callable[[], None], iters: int, group: Group) -> list[float]:
+    """Seconds of each of `iters` runs of `step` on this rank, each started after a barrier of `group`."""
     times = []
     for _ in range(iters):
         dist.barrier(group=group)
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def _median_time(step: Callable[[], None], iters: int, group: Group) -> float:
+    step()  # warm-up
+    return statistics.median(step_times(step, iters, group))
 
 
 def time_mlp_step(hidden: int = 256, batch: int = 8, seq: int = 64, iters: int = 10, *,

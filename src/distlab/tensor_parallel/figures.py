@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from distlab import style
-from distlab.explorers import explorer_box, rows_html
+from distlab.explorers import live_explorer
 from distlab.models import GPTConfig
 from distlab.tensor_parallel import cost_model
 from distlab.tensor_parallel.layers import shard_cols, shard_rows
@@ -239,18 +239,11 @@ def comm_explorer():
     version over a small grid)."""
     import ipywidgets as widgets
 
-    b = widgets.IntSlider(value=1, min=1, max=16, description="batch b")
-    s = widgets.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=2048, description="seq s")
-    h = widgets.Dropdown(options=[1024, 2048, 4096, 8192, 12288, 16384], value=12288, description="hidden h")
-    p = widgets.Dropdown(options=[2, 4, 8, 16, 32, 64], value=8, description="TP size p")
-    out = widgets.HTML()
-
-    def redraw(_: object = None) -> None:
-        out.value = rows_html(comm_frame(b.value, s.value, h.value, p.value))
-
-    for w in (b, s, h, p):
-        w.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([b, s]), widgets.HBox([h, p]), out], "tp-comm", comm_frame,
-                        {"b": [1, 4, 16], "s": [512, 2048, 8192], "h": [4096, 12288], "p": [2, 8, 64]},
-                        start={"b": 1, "s": 2048, "h": 12288, "p": 8})
+    hidden = [1024, 2048, 4096, 8192, 12288, 16384]
+    c = {"b": widgets.IntSlider(value=1, min=1, max=16, description="batch b"),
+         "s": widgets.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=2048, description="seq s"),
+         "h": widgets.Dropdown(options=hidden, value=12288, description="hidden h"),
+         "p": widgets.Dropdown(options=[2, 4, 8, 16, 32, 64], value=8, description="TP size p")}
+    return live_explorer("tp-comm", comm_frame, c,
+                         {"b": [1, 4, 16], "s": [512, 2048, 8192], "h": [4096, 12288], "p": [2, 8, 64]},
+                         [widgets.HBox([c["b"], c["s"]]), widgets.HBox([c["h"], c["p"]])])

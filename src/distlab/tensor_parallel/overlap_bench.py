@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlab.mesh import group_rank, group_size
 from distlab.models import GPTConfig
+from distlab.tensor_parallel.bench import step_times
 from distlab.tensor_parallel.collective_matmul import overlap_collective_matmuls
 from distlab.tensor_parallel.comm import Group
 from distlab.tensor_parallel.model import ParallelMLP
@@ -72,12 +73,7 @@ def _profiled_steps(step: Callable[[], None], iters: int, group: Group,
     prof = profile(activities=[ProfilerActivity.CPU])
     with _quiet_native_stderr():
         prof.start()
-    times = []
-    for _ in range(iters):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    times = step_times(step, iters, group)
     with _quiet_native_stderr():
         prof.stop()
     waited = sum(e.cpu_time_total for e in prof.events() if e.name in WAITS) / 1e6

@@ -28,7 +28,7 @@ from distlab.collectives.traces import (
     recursive_doubling_trace,
     ring_all_reduce_trace,
 )
-from distlab.explorers import explorer_box
+from distlab.explorers import live_explorer
 from distlab.style import BLUE, LINES, RC, SKY_BLUE, done
 
 if TYPE_CHECKING:
@@ -118,24 +118,17 @@ def ring_all_reduce_frame(p: int = 4, step: int = 0) -> Figure:
 def ring_all_reduce_explorer(p: int = 4) -> ipywidgets.VBox:
     """A widget: pick p and a step, see that step of ring all-reduce (the same trace as the book figure)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     ranks = widgets.Dropdown(options=list(range(1, 9)), value=_check_p(p, "p", 1), description="ranks p")
-    step = widgets.IntSlider(value=0, min=0, max=2 * (p - 1), description="step")
-    out = widgets.Output()
+    controls = {"p": ranks, "step": widgets.IntSlider(value=0, min=0, max=2 * (p - 1), description="step")}
 
-    def redraw(_: object = None) -> None:
-        step.max = 2 * (ranks.value - 1)
-        with out:
-            out.clear_output(wait=True)
-            display(ring_all_reduce_frame(ranks.value, step.value))
+    def steps_of_this_ring(c: dict) -> None:
+        c["step"].max = 2 * (c["p"].value - 1)
 
-    ranks.observe(redraw, names="value")
-    step.observe(redraw, names="value")
-    redraw()
-    return explorer_box([widgets.HBox([ranks, step]), out], "ring-all-reduce", ring_all_reduce_frame,
-                        {"p": RING_GRID_P, "step": list(range(2 * (max(RING_GRID_P) - 1) + 1))},
-                        start={"p": ranks.value, "step": 0})
+    return live_explorer("ring-all-reduce", ring_all_reduce_frame, controls,
+                         {"p": RING_GRID_P, "step": list(range(2 * (max(RING_GRID_P) - 1) + 1))},
+                         adjust=steps_of_this_ring)
+
 
 
 def _timeline_axes(ax: Axes, p: int, columns: list[str]) -> None:
