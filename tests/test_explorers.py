@@ -126,3 +126,19 @@ def test_live_explorer_adjusts_then_redraws_and_holds_the_controls_outside_the_g
     assert list(box.children[0].children) == [c["a"], c["b"]]
     _, shown, grid, fixed, start = box._static.__wrapped__.args
     assert shown is draw and grid == {"a": [1, 4]} and fixed == {"b": 2} and start == {"a": 4}
+
+
+def test_live_explorer_holds_a_fixed_argument_in_both_views_without_a_control() -> None:
+    widgets = pytest.importorskip("ipywidgets")
+    pytest.importorskip("plotly")
+
+    def draw(a: int = 1, unit: float = 2.0) -> list[tuple[str, str]]:
+        return [("a", str(a)), ("unit", str(unit))]
+
+    c = {"a": widgets.IntSlider(value=4, min=1, max=9), "unit": widgets.fixed(1.0)}
+    box = explorers.live_explorer("t", draw, c, {"a": [1, 4]}, [widgets.HBox([c["a"]])])
+    assert box.children[-1].value == explorers.rows_html(draw(4, 1.0))  # the live view passes it
+    assert list(box.children[0].children) == [c["a"]]
+    _, _, _, fixed, _ = box._static.__wrapped__.args
+    assert fixed == {"unit": 1.0}
+    assert "held at unit = 1.0" in box._repr_mimebundle_()["text/html"]  # and the static note names it

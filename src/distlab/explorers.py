@@ -222,7 +222,8 @@ def live_explorer(name: str, draw: Callable[..., Frame], controls: Mapping[str, 
     one control by another). Figures go to an `Output`, a table to an `HTML` widget (`rows_html`), under
     the controls: one row of them, or the widgets of `layout`, which hold them. The static view is
     `explorer_box` over `grid`; a control outside `grid` is held at its initial value, and the static
-    sliders start at `start` (default: where the controls start)."""
+    sliders start at `start` (default: where the controls start). An `ipywidgets.fixed` among `controls`
+    holds its argument in both views without a control (give `layout` then: it has nothing to show)."""
     import ipywidgets as widgets
     from IPython.display import display
 

@@ -17,7 +17,7 @@ import torch
 from matplotlib.figure import Figure
 
 from distlab import style
-from distlab.explorers import explorer_box, rows_html
+from distlab.explorers import live_explorer
 from distlab.memory import cost_model, estimator, precision, recompute
 from distlab.models import GPT, GPTConfig
 
@@ -253,16 +253,6 @@ def estimator_explorer():  # -> ipywidgets.Widget
         "micro_batch": w.IntSlider(value=1, min=1, max=8, description="micro-batch"),
         "offload": w.Checkbox(value=False, description="offload optimizer"),
     }
-    out = w.HTML()
-
-    def show(_: object = None) -> None:
-        out.value = rows_html(estimator_frame(**{k: c.value for k, c in controls.items()}))
-
-    for c in controls.values():
-        c.observe(show, names="value")
-    show()
-    start = {k: c.value for k, c in controls.items()}
     grid = {"dp": [1, 16, 128], "zero": [0, 1, 2, 3], "recompute": list(cost_model.RECOMPUTE)}
-    return explorer_box([w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:]), out],
-                        "memory-estimator", estimator_frame, grid,
-                        fixed={k: v for k, v in start.items() if k not in grid}, start=start)
+    rows = [w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:])]
+    return live_explorer("memory-estimator", estimator_frame, controls, grid, rows)

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from distlab.explorers import explorer_box, message_figure
+from distlab.explorers import live_explorer, message_figure
 from distlab.pipeline.actions import COMPUTE
 from distlab.pipeline.cost_model import bubble_fraction, zero_bubble_fraction
 from distlab.pipeline.schedules import make_schedule
@@ -174,28 +174,16 @@ def pipeline_explorer():  # -> ipywidgets.Widget
     """Sliders for p, m, v, the schedule and t_b / t_f; draws the simulated timeline and its numbers
     (`pipeline_frame`, also the static book version over a small grid)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    out = widgets.Output()
     w = {"schedule": widgets.Dropdown(options=SCHEDULES, value="1f1b", description="schedule"),
          "p": widgets.IntSlider(value=4, min=1, max=8, description="p"),
          "m": widgets.IntSlider(value=8, min=1, max=32, description="m"),
          "v": widgets.IntSlider(value=2, min=1, max=4, description="v"),
          "tb": widgets.FloatSlider(value=2, min=0.5, max=4, description="t_b/t_f"),
          "tcomm": widgets.FloatSlider(value=0.0, min=0, max=1, step=0.05, description="t_comm/t_f")}
-
-    def draw(_=None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(pipeline_frame(**{k: c.value for k, c in w.items()}))
-
-    for control in w.values():
-        control.observe(draw, "value")
-    draw()
-    return explorer_box([widgets.HBox([w["schedule"], w["p"], w["m"]]),
-                         widgets.HBox([w["v"], w["tb"], w["tcomm"]]), out], "pipeline", pipeline_frame,
-                        {"schedule": ["gpipe", "1f1b", "interleaved", "zbh1"], "m": [4, 8]},
-                        fixed={"p": 4, "v": 2, "tb": 2.0, "tcomm": 0.0}, start={"schedule": "1f1b", "m": 8})
+    rows = [widgets.HBox([w["schedule"], w["p"], w["m"]]), widgets.HBox([w["v"], w["tb"], w["tcomm"]])]
+    return live_explorer("pipeline", pipeline_frame, w,
+                         {"schedule": ["gpipe", "1f1b", "interleaved", "zbh1"], "m": [4, 8]}, rows)
 
 
 ZERO_BUBBLE_ROWS = (("1f1b", 1), ("zbh1", 1), ("zbv", 2))
@@ -227,22 +215,11 @@ def zero_bubble_explorer():  # -> ipywidgets.Widget
     """Sliders for p, m and the times of B and W (in units of t_f): 1F1B, ZB-H1 and ZB-V side by side
     (`zero_bubble_figure`, also the static book version over a small grid)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    out = widgets.Output()
     w = {"p": widgets.IntSlider(value=4, min=1, max=8, description="p"),
          "m": widgets.IntSlider(value=8, min=1, max=24, description="m"),
+         "t_f": widgets.fixed(1.0),  # the unit of time: held, and named in the static view's note
          "t_b": widgets.FloatSlider(value=1, min=0.25, max=3, step=0.25, description="t_b/t_f"),
          "t_w": widgets.FloatSlider(value=1, min=0.25, max=3, step=0.25, description="t_w/t_f")}
-
-    def draw(_=None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(zero_bubble_figure(**{k: c.value for k, c in w.items()}))
-
-    for control in w.values():
-        control.observe(draw, "value")
-    draw()
-    return explorer_box([widgets.HBox(list(w.values())[:2]), widgets.HBox(list(w.values())[2:]), out],
-                        "zero-bubble", zero_bubble_figure, {"p": [2, 4], "t_w": [0.5, 1.0, 2.0]},
-                        fixed={"m": 8, "t_f": 1.0, "t_b": 1.0}, start={"p": 4, "t_w": 1.0})
+    rows = [widgets.HBox([w["p"], w["m"]]), widgets.HBox([w["t_b"], w["t_w"]])]
+    return live_explorer("zero-bubble", zero_bubble_figure, w, {"p": [2, 4], "t_w": [0.5, 1.0, 2.0]}, rows)
