@@ -1,6 +1,7 @@
 """Chapter 7's PowerSGD beside the methods of section 3: the same task, data and inner AdamW, with the
 gradients exchanged every step as a rank-r approximation (Vogels, Karimireddy & Jaggi 2019) through
-`distlab.memory.compression.PowerSGD`, a DDP communication hook that counts its own bytes."""
+`distlab.memory.compression.PowerSGD`, a DDP communication hook whose all-reduces `distlab.comm_log` counts
+(labelled "powersgd")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab import sharding
+from distlab.comm_log import comm_log
 from distlab.memory.compression import PowerSGD
 from distlab.reference import Task
 
@@ -27,14 +29,14 @@ def powersgd_run(recipe: Recipe, model: nn.Module, task: Task, steps: int, globa
     ddp.register_comm_hook(state, PowerSGD.hook)
     inner = inner_optimizer(recipe, list(model.parameters()))
     losses = []
-    for s in range(steps):
-        x, y = task.batch(s, global_batch, seed)
-        mine = sharding.shard(len(x), rank, p)
-        inner.zero_grad(set_to_none=True)
-        loss = task.loss(ddp, x[mine], y[mine])
-        loss.backward()
-        inner.step()
-        losses.append(loss.item())
+    with comm_log() as log:
+        for s in range(steps):
+            x, y = task.batch(s, global_batch, seed)
+            mine = sharding.shard(len(x), rank, p)
+            inner.zero_grad(set_to_none=True)
+            loss = task.loss(ddp, x[mine], y[mine])
+            loss.backward()
+            inner.step()
+            losses.append(loss.item())
     params = {n: q.detach().clone() for n, q in model.named_parameters()}
-    return ReplicaRun(losses, params, [], float(state.log.sent_bytes()), len(state.log.records))
-
+    return ReplicaRun(losses, params, [], log.sent_bytes(where="powersgd"), log.calls(where="powersgd"))
