@@ -8,10 +8,12 @@ taken by some ranks), its all-gathers no longer pair with the others': the ranks
 different collectives (a hang that the launcher reports as a deadlock, not its cause), or two units of
 the same size are gathered into each other.
 
-So before it gathers a unit for its forward or its backward, each rank all-gathers one integer, the unit
-and the phase it is about to run. Equal everywhere: go on. Different: every rank sees the same table and
-raises the same RuntimeError at once, naming the unit each rank was about to run. The message is a
-control message of p integers (labelled `uneven.CONTROL`, outside the paper's 3 Psi).
+So before it gathers a unit for its forward or its backward, each rank sends one integer, the unit and
+the phase it is about to run, to all the others: an all-reduce of p integers, each rank's in its own
+place (an all-gather written as a sum, like `uneven`'s flags, so that a count of the gathers' bytes
+never includes it). Equal everywhere: go on. Different: every rank sees the same table and raises the
+same RuntimeError at once, naming the unit each rank was about to run. It is a control message
+(labelled `uneven.CONTROL`, outside the paper's 3 Psi).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from distlab.comm_log import where
-from distlab.dist_compat import all_gather_single
 from distlab.memory.zero.uneven import CONTROL
 
 PHASES = ("forward", "backward")
@@ -34,21 +35,21 @@ def _ranks(ranks: list[int]) -> str:
 
 def agree_on_unit(unit: int, phase: str, names: Sequence[str], group: dist.ProcessGroup | None,
                   device: torch.device | None = None, who: str = "ZeRO stage 3") -> None:
-    """All-gather (`unit`, `phase`) over `group` (a collective, labelled CONTROL); raise a RuntimeError on
+    """Share (`unit`, `phase`) over `group` (an all-reduce, labelled CONTROL); raise a RuntimeError on
     every rank, naming what each rank was about to run (`names[unit]`) and the fix, where they differ."""
-    n = dist.get_world_size(group)
-    mine = torch.tensor([2 * unit + PHASES.index(phase)], dtype=torch.int64, device=device)
-    every = torch.empty(n, dtype=torch.int64, device=device)
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    every = torch.zeros(n, dtype=torch.int64, device=device)
+    every[rank] = 2 * unit + PHASES.index(phase)
     with where(CONTROL):
-        all_gather_single(every, mine, group=group)
+        dist.all_reduce(every, group=group)
     if every.is_meta:  # a dry run: no values come back
         return
     codes = every.tolist()
     if len(set(codes)) == 1:
         return
     runs: dict[int, list[int]] = {}
-    for rank, code in enumerate(codes):
-        runs.setdefault(code, []).append(rank)
+    for r, code in enumerate(codes):
+        runs.setdefault(code, []).append(r)
 
     def unit_of(code: int) -> str:
         i = code // 2
