@@ -1,6 +1,7 @@
 """ZeRO stage 3 when a rank skips a whole block in the forward: a clear error on every rank, not a hang.
 
-Rank 1 skips the second block (a layer dropped on one rank only). Under stage 3 every rank all-gathers a
+Rank 1 skips the second block (a layer dropped on one rank only), or the last one (an early exit: it
+has no forward left to disagree on, so the ranks meet where the backward begins). Under stage 3 every rank all-gathers a
 unit before it runs, so the ranks' all-gathers would pair up wrongly: before this test, `fully_shard` and
 the engine's stage 3 hung until the launcher reported a deadlock. Now the ranks agree on the unit before
 each gather (`memory.zero.order`), and every rank raises a RuntimeError within seconds that names the
@@ -48,7 +49,7 @@ def _on_ranks() -> dict:
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(r))
     out: dict = {}
     for name in ("fully_shard", "engine"):
-        for skip in (None, 1):
+        for skip in (None, 1, 2):
             torch.manual_seed(0)
             model = Blocks()
             if name == "fully_shard":
@@ -85,4 +86,7 @@ def test_a_rank_that_skips_a_block_is_an_error_on_every_rank(n: int) -> None:
             assert f"{others} the forward of h.1; rank 1 the forward of h.2" in msg, (r, name, msg)
             assert "every rank must run the same modules in the same order" in msg, msg
             assert "Run every module on every rank" in msg, msg
+            assert seconds < 10, (r, name, seconds)
+            msg, seconds = res[name, 2]  # rank 1 stops before the last block
+            assert f"{others} the forward of h.2; rank 1 the backward of the root" in msg, (r, name, msg)
             assert seconds < 10, (r, name, seconds)

@@ -8,7 +8,8 @@ compute dtype, allocated only while the module runs. Its hooks:
 - before the forward: the ranks agree on the unit (`order.agree_on_unit`), then all-gather it and put
   the whole parameters in place of the slices;
 - after the forward: the slices go back, the whole parameters are freed (`reshard_after_forward`), and a
-  hook on the output gathers them again (after the ranks agree once more) when the backward reaches it;
+  hook on the output gathers them again when the backward reaches it (the first unit it reaches, the
+  ranks agree on once more: a rank that stopped early, having skipped the last blocks, is caught there);
 - in the backward: each whole gradient is packed into the reduce buffer; when the last one is in, it is
   reduce-scattered (asynchronously) and the whole parameters freed; at the end of the backward the root
   finishes every unit and drops the gradients no rank computed (`uneven.agree_on_usage`).
@@ -85,6 +86,7 @@ class ShardedUnit:
         self.pending: tuple[dist.Work, Tensor] | None = None
         self.final_queued = False
         self.position: tuple[int, list[str]] | None = None  # this unit's index under its root, all names
+        self.backward_agreed = True  # the root's: the ranks agreed on where this backward begins
         self.hooks = [module.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
                       module.register_forward_hook(self._post_forward)]
         self.hooks += [w.register_post_accumulate_grad_hook(self._grad_hook(k))
@@ -129,6 +131,7 @@ class ShardedUnit:
 
     def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         self._agree("forward")
+        _root(self.module).zero_unit.backward_agreed = False
         self.gather()
         if self.mp.cast_forward_inputs and self.mp.param_dtype is not None:
             cast = self.mp.param_dtype
@@ -150,8 +153,11 @@ class ShardedUnit:
         return out
 
     def _pre_backward(self, grad: Tensor) -> None:
-        if not self.gathered:
+        root = _root(self.module).zero_unit
+        if not root.backward_agreed:  # the first unit the backward reaches
+            root.backward_agreed = True
             self._agree("backward")
+        if not self.gathered:
             self.gather()
             self._swap(self.shards)
         if self.module is _root(self.module) and not self.final_queued:

@@ -17,9 +17,9 @@ The root unit (the parameters of the model that belong to no other unit, such as
 forward order and its forward spans the whole model's, so it stays gathered through the forward; it is
 gathered again as soon as the backward starts.
 
-Every rank must run the units in the same order, or the all-gathers pair up wrongly: before a unit's
-forward and its backward the ranks agree on which unit that is (`order.agree_on_unit`), and raise the
-same clear error on every rank where they do not.
+Every rank must run the units in the same order, or the all-gathers pair up wrongly: before each unit's
+forward, and where the backward begins, the ranks agree on which unit that is (`order.agree_on_unit`),
+and raise the same clear error on every rank where they do not.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class ParameterGather:
         self.pending: dict[int, dist.Work] = {}
         self.gathered: set[int] = set()
         self.done_backward: set[int] = set()
-        self.in_backward: set[int] = set()  # units whose backward has begun (agreed on) since their forward
+        self.backward_agreed = True  # the ranks agreed on the first unit of this backward (`order`)
         k = len(self.flats)
         self.forward_order = list(range(k))
         first = 1 if has_root else 0  # the root is gathered first in both orders
@@ -119,8 +119,8 @@ class ParameterGather:
     def _pre_forward_hook(self, i: int):
         def hook(module: nn.Module, args: Any) -> None:
             self._agree(i, "forward")
+            self.backward_agreed = False
             self.done_backward.discard(i)
-            self.in_backward.discard(i)
             self.ensure(i)
             self._prefetch_after(self.forward_order, i)
         return hook
@@ -135,10 +135,10 @@ class ParameterGather:
 
     def _pre_backward_hook(self, i: int):
         def hook(grad: Tensor) -> None:
+            if not self.backward_agreed:  # the first unit the backward reaches
+                self.backward_agreed = True
+                self._agree(i, "backward")
             if i not in self.done_backward:
-                if i not in self.in_backward:  # the first of the unit's outputs to get its gradient
-                    self.in_backward.add(i)
-                    self._agree(i, "backward")
                 self.ensure(i)
                 self._prefetch_after(self.backward_order, i)
         return hook
