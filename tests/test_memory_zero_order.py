@@ -1,12 +1,12 @@
 """ZeRO stage 3 when a rank skips a whole block in the forward: a clear error on every rank, not a hang.
 
-Rank 1 skips the second block (a layer dropped on one rank only), or the last one (an early exit: it
-has no forward left to disagree on, so the ranks meet where the backward begins). Under stage 3 every rank all-gathers a
-unit before it runs, so the ranks' all-gathers would pair up wrongly: before this test, `fully_shard` and
-the engine's stage 3 hung until the launcher reported a deadlock. Now the ranks agree on the unit before
-each gather (`memory.zero.order`), and every rank raises a RuntimeError within seconds that names the
-module each rank was about to run, the ranks, and the fix. At 2 and 3 ranks; the same models with every
-block on every rank train without an error (their parity with FSDP2 and one process is tested in
+Rank 1 skips the second block (a layer dropped on one rank only), or the last one (an early exit: it has no
+forward left to disagree on, so the ranks meet where the backward begins). Under stage 3 every rank
+all-gathers a unit before it runs, so the ranks' all-gathers would pair up wrongly: before this test,
+`fully_shard` and the engine's stage 3 hung until the launcher reported a deadlock. Now the ranks agree on
+the unit before each gather (`memory.zero.order`), and every rank raises a RuntimeError within seconds that
+names the module each rank was about to run, the ranks, and the fix. At 2 and 3 ranks; the same models with
+every block on every rank train without an error (their parity with FSDP2 and one process is tested in
 test_memory_zero.py and test_memory_zero_optimizer.py).
 """
 

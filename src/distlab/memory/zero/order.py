@@ -8,14 +8,14 @@ taken by some ranks), its all-gathers no longer pair with the others': the ranks
 different collectives (a hang that the launcher reports as a deadlock, not its cause), or two units of
 the same size are gathered into each other.
 
-So before each unit's forward, and where each backward begins (a rank that skipped the last blocks has
-no forward left to disagree on), each rank sends one integer, the unit and the phase it is about to
-run, to all the others: an all-reduce of p integers, each rank's in its own place (an all-gather written
-as a sum, like `uneven`'s flags, so that a count of the gathers' bytes never includes it). Equal everywhere: go on. Different: every rank sees the same table and raises the
-same RuntimeError at once, naming the unit each rank was about to run. It is a control message
-(labelled `uneven.CONTROL`, outside the paper's 3 Psi), one per unit per forward and one per backward:
-latency, not bandwidth. (The rest of a backward follows from the forward; a unit whose output one rank
-leaves out of its loss is `uneven`'s case.)
+So before each unit's forward, and where each backward begins (a rank that skipped the last blocks has no
+forward left to disagree on), each rank sends one integer, the unit and the phase it is about to run, to all
+the others: an all-reduce of p integers, each rank's in its own place (an all-gather written as a sum, like
+`uneven`'s flags, so that a count of the gathers' bytes never includes it). Equal everywhere: go on.
+Different: every rank sees the same table and raises the same RuntimeError at once, naming the unit each
+rank was about to run. It is a control message (labelled `uneven.CONTROL`, outside the paper's 3 Psi), one
+per unit per forward and one per backward: latency, not bandwidth. (The rest of a backward follows from the
+forward; a unit whose output one rank leaves out of its loss is `uneven`'s case.)
 """
 
 from __future__ import annotations
