@@ -129,3 +129,58 @@ def test_the_log_records_every_kind_of_call_by_mesh_axis():
         sent_p2p = 12 if got["r_tp"] == 0 else 0
         assert got["sent_tp"] == ring_bytes("all_reduce", 48, 2) + ring_bytes("broadcast", 28, 2) + sent_p2p \
             + ring_bytes("all_reduce", 16, 2) + ring_bytes("all_reduce", 12, 2)
+
+
+def _powersgd_threads() -> dict:
+    """On 2 ranks: a step of DDP with PyTorch's PowerSGD hook (compressing from the first step), seen by a
+    thread-local log and by an all-threads one; then the same calls on a thread of our own."""
+    import threading
+
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 4))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                        min_compression_rate=1)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    for _ in range(2):  # PyTorch's hook all-reduces plainly before start_powerSGD_iter
+        ddp(x).sum().backward()
+    out: dict = {}
+    with comm_log() as mine:
+        with comm_log(all_threads=True) as every:
+            with every.where("grads", phase="backward"), comm_log(all_threads=True) as nested:
+                ddp(x).sum().backward()
+    out["thread_local"] = [r.numel for r in mine.records if r.op == "all_reduce"]
+    out["all_threads"] = [(r.op, r.numel, r.where, r.phase) for r in every.records]
+    out["nested"] = [r.numel for r in nested.records]
+    out["removed"] = not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "ADInplaceOrView")
+    with comm_log(all_threads=True) as log:  # a thread of ours: its calls are seen, labelled by the log's
+        worker = threading.Thread(target=lambda: dist.all_reduce(torch.ones(5)))
+        with log.where("worker"):
+            worker.start()
+            worker.join()
+    out["worker"] = [(r.op, r.numel, r.where) for r in log.records]
+    return out
+
+
+def test_an_all_threads_log_sees_the_powersgd_hooks_callbacks():
+    """PyTorch's PowerSGD hook all-reduces the vectors at once, then P and Q in future callbacks on gloo's
+    thread. A thread-local log sees the first only; `all_threads=True` sees all three, and their values
+    are the PowerSGD model's: a matrix n x m as P (n x r) and Q (m x r) where r (n + m) < n m."""
+    r = 2
+    shapes = [(64, 16), (64,), (4, 64), (4,)]
+    vectors = sum(s[0] for s in shapes if len(s) == 1)
+    ps = sum(n * min(n, m, r) for n, m in (s for s in shapes if len(s) == 2))
+    qs = sum(m * min(n, m, r) for n, m in (s for s in shapes if len(s) == 2))
+    assert all(min(n, m, r) * (n + m) < n * m for n, m in (s for s in shapes if len(s) == 2))
+    for got in launch.run(_powersgd_threads, 2):
+        assert got["thread_local"] == [vectors]
+        assert got["all_threads"] == [("all_reduce", vectors, "grads", "backward"),
+                                      ("all_reduce", ps, "grads", "backward"),
+                                      ("all_reduce", qs, "grads", "backward")]
+        assert got["nested"] == [vectors, ps, qs]  # a nested all-threads log records each call once too
+        assert got["removed"]  # the kernels are gone when the log closes
+        assert got["worker"] == [("all_reduce", 5, "worker")]

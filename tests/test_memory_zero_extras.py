@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from distlab import catalog, launch
+from distlab.dist_compat import reduce_scatter_single
 from distlab.memory import compression, offload
 from distlab.memory.zero import exercises as zero_exercises
-from distlab.memory.zero.comm import reduce_scatter
-from distlab.memory.zero.parity import mlp_task
+from distlab.memory.zero.parity import GLOBAL_BATCH, SEED, zero_task
 
 # ---------------------------------------------------------------- the exercise check
 
@@ -33,7 +33,7 @@ def not_averaged(g, group):
     n = dist.get_world_size(group)
     p = _padded(g, n)
     out = torch.empty(p.numel() // n)
-    reduce_scatter(out, p, group)
+    reduce_scatter_single(out, p, group=group)
     return out
 
 
@@ -53,7 +53,7 @@ def not_padded(g, group):
     n = dist.get_world_size(group)
     k = g.numel() // n
     out = torch.empty(k)
-    reduce_scatter(out, g[:k * n].contiguous(), group)
+    reduce_scatter_single(out, g[:k * n].contiguous(), group=group)
     return out / n
 
 
@@ -138,11 +138,11 @@ def test_host_room_error_names_the_bytes() -> None:
 
 
 def test_activation_offload_gives_the_same_gradients() -> None:
-    task = mlp_task()
-    x, y = task.batch(0)
+    task = zero_task("mlp")
+    x, y = task.batch(0, GLOBAL_BATCH, SEED)
     grads = []
     for use in (False, True):
-        model = task.build()
+        model = task.build(SEED)
         if use:
             with offload.offload_activations() as record:
                 loss = task.loss(model, x, y)
@@ -158,15 +158,15 @@ def test_activation_offload_gives_the_same_gradients() -> None:
 
 
 def test_adafactor_state_is_factored() -> None:
-    task = mlp_task(sizes=(16, 64, 64, 4))
+    task = compression.compression_task()
     for name, formula in (("adam", compression.adam_state_bytes),
                           ("adafactor", compression.adafactor_state_bytes)):
-        model = task.build()
+        model = task.build(SEED)
         opt = compression.OPTIMIZERS[name](model.parameters(), lr=1e-2)
-        task.loss(model, *task.batch(0)).backward()
+        task.loss(model, *task.batch(0, GLOBAL_BATCH, SEED)).backward()
         opt.step()
         assert compression.state_bytes(opt) == formula(model), name
-    model = task.build()
+    model = task.build(SEED)
     assert compression.adam_state_bytes(model) == 8 * 5508 + 4 * 6
     assert compression.adafactor_state_bytes(model) == 4 * (80 + 64 + 128 + 64 + 68 + 4) + 4 * 6
     adam, ada = compression.train_curve("adam"), compression.train_curve("adafactor")  # 60 steps
@@ -181,8 +181,8 @@ def test_powersgd_sends_fewer_bytes_and_still_learns() -> None:
     # rank 2: P and Q of 64x16 (160 values), 64x64 (256), 4x64 (136), and the 132 biases as they are
     assert results["ours"].sent_bytes_per_step == 4 * (160 + 256 + 136 + 132)
     assert results["pytorch"].sent_bytes_per_step < results["allreduce"].sent_bytes_per_step / 4
-    first = mlp_task(sizes=(16, 64, 64, 4), n=96)
-    start = first.loss(first.build(), *first.batch(0)).item()
+    first = compression.compression_task()
+    start = first.loss(first.build(SEED), *first.batch(0, GLOBAL_BATCH, SEED)).item()
     for r in results.values():
         assert r.final_loss < start / 4, r
 

@@ -49,7 +49,7 @@ def _train(model: nn.Module, opt, task, steps: int = STEPS, start: int = 0, forw
     n, r = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     norms = []
     for s in range(start, start + steps):
-        x, y = task.batch(s)
+        x, y = task.batch(s, zero_parity.GLOBAL_BATCH, zero_parity.SEED)
         mine = sharding.shard(len(x), r, n)
         opt.zero_grad()
         task.loss(forward or model, x[mine], y[mine]).backward()
@@ -60,7 +60,7 @@ def _train(model: nn.Module, opt, task, steps: int = STEPS, start: int = 0, forw
 
 
 def _sharded(stage: int, task) -> tuple[dict, dict, dict]:
-    model = task.build()
+    model = task.build(zero_parity.SEED)
     opt = ShardedOptimizer(_groups(model), torch.optim.AdamW, stage=stage, lr=1e-2)
     _train(model, opt, task)
     return _params(model), opt.state_dict(), opt.sharded_state_dict()
@@ -69,7 +69,7 @@ def _sharded(stage: int, task) -> tuple[dict, dict, dict]:
 def _torch_zero(task) -> dict:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    model = task.build()
+    model = task.build(zero_parity.SEED)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = ZeroRedundancyOptimizer(_groups(model)[0]["params"], torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
     opt.add_param_group(_groups(model)[1])
@@ -82,7 +82,7 @@ def _fsdp(kind: str, task, mp=None) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-    model = task.build()
+    model = task.build(zero_parity.SEED)
     mp = mp or MixedPrecisionPolicy()
     for m in [*model.h, model]:
         if kind == "ours":
@@ -98,8 +98,8 @@ def _fsdp(kind: str, task, mp=None) -> dict:
 
 def _users_test(cls, kwargs: dict, how: str) -> dict:
     """What a torch user writes: build the model and the sharded optimizer, train, return the model."""
-    task = zero_parity.mlp_task()
-    model = task.build()
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
     if how == "stage3":
         fully_shard(model[0])
         fully_shard(model)
@@ -111,8 +111,8 @@ def _users_test(cls, kwargs: dict, how: str) -> dict:
 
 
 def _clipped(how: str) -> tuple[list, dict]:
-    task = zero_parity.gpt_task()
-    model = task.build()
+    task = zero_parity.zero_task("gpt")
+    model = task.build(zero_parity.SEED)
     if how == "stage3":
         for m in [*model.h, model]:
             fully_shard(m)
@@ -153,8 +153,8 @@ def _unused(how: str) -> dict:
 
 def _accumulated(how: str) -> dict:
     """Two backward passes (two micro-batches) before each step: the gradients add up, as autograd's do."""
-    task = zero_parity.mlp_task()
-    model = task.build()
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
     if how == "stage3":
         fully_shard(model[0])
         fully_shard(model)
@@ -168,7 +168,7 @@ def _accumulated(how: str) -> dict:
 def _accumulate(model: nn.Module, opt, task) -> None:
     n, r = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     for s in range(STEPS):
-        x, y = task.batch(s)
+        x, y = task.batch(s, zero_parity.GLOBAL_BATCH, zero_parity.SEED)
         mine = sharding.shard(len(x), r, n)
         x, y = x[mine], y[mine]
         opt.zero_grad()
@@ -182,7 +182,7 @@ def _on_ranks(resume: dict | None = None) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     n = dist.get_world_size()
-    gpt = zero_parity.gpt_task()
+    gpt = zero_parity.zero_task("gpt")
     out: dict = {"stage1": _sharded(1, gpt), "stage2": _sharded(2, gpt), "zero_redundancy": _torch_zero(gpt),
                  "ours": _fsdp("ours", gpt), "fsdp2": _fsdp("torch", gpt)}
     if n in (2, 4):  # bf16: exact at 2 ranks, within tolerance at 4
@@ -197,7 +197,7 @@ def _on_ranks(resume: dict | None = None) -> dict:
             out["unused", how] = _unused(how)
             out["accumulated", how] = _accumulated(how)
     if resume is not None:  # go on from another dp size's state: the model's weights and the optimizer's
-        model = gpt.build()
+        model = gpt.build(zero_parity.SEED)
         model.load_state_dict(resume["params"], strict=False)  # lm_head.weight is tied to wte
         opt = ShardedOptimizer(_groups(model), torch.optim.AdamW, stage=2, lr=1e-2)
         opt.load_state_dict(resume["state"])
@@ -222,8 +222,8 @@ def _ranks(n: int) -> list[dict]:
 
 @functools.cache
 def _reference(steps: int = STEPS) -> tuple[dict, dict, nn.Module, torch.optim.Optimizer]:
-    task = zero_parity.gpt_task()
-    model = task.build()
+    task = zero_parity.zero_task("gpt")
+    model = task.build(zero_parity.SEED)
     opt = torch.optim.AdamW(_groups(model), lr=1e-2)
     _train(model, opt, task, steps=steps)
     return _params(model), opt.state_dict(), model, opt
@@ -264,8 +264,8 @@ def test_stage3_equals_fsdp2_fp32_and_bf16(n: int) -> None:
 
 @functools.cache
 def _reference_adamw_single_group() -> tuple[dict, dict]:
-    task = zero_parity.gpt_task()
-    model = task.build()
+    task = zero_parity.zero_task("gpt")
+    model = task.build(zero_parity.SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     _train(model, opt, task)
     return _params(model), opt.state_dict()
@@ -273,8 +273,8 @@ def _reference_adamw_single_group() -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("name,cls,kwargs", OPTIMIZERS)
 def test_a_torch_user_gets_torchs_optimizer(name: str, cls, kwargs: dict) -> None:
-    task = zero_parity.mlp_task()
-    model = task.build()
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
     _train(model, cls(model.parameters(), **kwargs), task)
     for r in _ranks(2):
         for how in ("stage1", "stage2", "stage3"):
@@ -282,8 +282,8 @@ def test_a_torch_user_gets_torchs_optimizer(name: str, cls, kwargs: dict) -> Non
 
 
 def test_clipping_by_the_global_norm_equals_torch() -> None:
-    task = zero_parity.gpt_task()
-    model = task.build()
+    task = zero_parity.zero_task("gpt")
+    model = task.build(zero_parity.SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     norms = _train(model, opt, task, clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
     assert max(norms) > 0.5  # the clip bites
@@ -308,8 +308,8 @@ def test_an_unused_parameter_is_skipped_as_torch_skips_it() -> None:
 
 
 def test_gradient_accumulation_adds_up_in_every_stage() -> None:
-    task = zero_parity.mlp_task()
-    model = task.build()
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
     _accumulate(model, torch.optim.Adam(model.parameters(), lr=1e-2), task)  # one process, 2 x 12 rows
     for r in _ranks(2):
         for how in ("stage1", "stage2", "stage3"):
@@ -326,8 +326,8 @@ def test_state_dicts_whole_sharded_and_on_another_dp_size() -> None:
         for key in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(merged["state"][i][key], whole["state"][i][key])
     # 2 -> 3 ranks: five steps with a stop after three equal five without one, on one process
-    task = zero_parity.gpt_task()
-    model = task.build()
+    task = zero_parity.zero_task("gpt")
+    model = task.build(zero_parity.SEED)
     opt = torch.optim.AdamW(_groups(model), lr=1e-2)
     _train(model, opt, task, steps=STEPS + 2)
     for r in _ranks(3):

@@ -21,14 +21,25 @@ wire (`ring_bytes`) is `distlab.comm_record`, which needs no processes; this mod
 Logs nest: an inner log and an outer one both record a call. A log lives in one process; in ranks
 started by `distlab.launch.run`, open it inside the function each rank runs. Like every dispatch mode
 (and `CommDebugMode`) it is thread-local: it sees the calls of its thread and of autograd's backward
-pass, but not a collective issued from another thread, such as the second all-reduce of PyTorch's
-PowerSGD hook, which runs in a `Future.then` callback on the backend's thread.
+pass, but not a collective issued from another thread, such as the all-reduces of P and Q in PyTorch's
+PowerSGD hook, which run in `Future.then` callbacks on the backend's (gloo's) thread.
+
+`comm_log(all_threads=True)` also records those. While it is open it registers, with `torch.library`,
+a kernel for every c10d op at the dispatch key `ADInplaceOrView` (a fall-through for these ops, so
+autograd is untouched), which runs on whatever thread calls the op; it records the calls made on threads
+where the log's dispatch mode is not active (on its own thread the mode records them) and passes every
+call on. Such a call carries the labels open on the log at that moment (the opening thread's: a callback
+belongs to the step that started it); set `phase` with `log.where(..., phase="backward")` around a
+backward whose hooks hand collectives to other threads. On exit the kernels are removed. One such log is
+open in a process at a time (a nested one, on the same thread, shares the outer one's kernels); calls on
+other threads to DTensor's functional collectives, or on inference tensors, are not seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -99,15 +110,60 @@ class CommLog(TorchDispatchMode):
 
     mesh: a DeviceMesh whose axis names (and flattened axes, e.g. "dp_cp") name the groups.
     groups: more names, {axis: ProcessGroup}, for groups that are not on the mesh.
+    all_threads: also record the c10d calls of this process's other threads (see the module docstring).
     """
 
     def __init__(self, mesh: DeviceMesh | None = None,
-                 groups: Mapping[str, dist.ProcessGroup] | None = None) -> None:
+                 groups: Mapping[str, dist.ProcessGroup] | None = None, all_threads: bool = False) -> None:
         super().__init__()
-        self.mesh, self.groups = mesh, dict(groups or {})
+        self.mesh, self.groups, self.all_threads = mesh, dict(groups or {}), all_threads
         self.records: list[CommRecord] = []
         self._labels: list[tuple[str, str | None]] = []
         self._axes: dict[str, str] = {}
+        self._library: torch.library.Library | None = None  # all_threads: the kernels this log registered
+        self._sharers: list[CommLog] = []  # all_threads logs nested in this one, fed by its kernels
+        self._host: CommLog | None = None  # the outer all_threads log whose kernels feed this one
+
+    # -- other threads (all_threads=True) -------------------------------------------------------------
+
+    def __enter__(self) -> CommLog:
+        outer = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CommLog) and m.all_threads]
+        if self.all_threads and outer:
+            self._host = outer[-1]._host or outer[-1]
+            self._host._sharers.append(self)
+        elif self.all_threads:
+            self._register_kernels()
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._library is not None:
+            self._library._destroy()
+            self._library = None
+        if self._host is not None:
+            self._host._sharers.remove(self)
+            self._host = None
+        super().__exit__(*exc)
+
+    def _register_kernels(self) -> None:
+        if torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "ADInplaceOrView"):
+            raise RuntimeError("another comm_log(all_threads=True) is open in this process, on another "
+                               "thread; open one per process, or nest them on one thread")
+        self._library = torch.library.Library("c10d", "IMPL")
+        for name in _C10D:
+            self._library.impl(name, self._kernel(name), "ADInplaceOrView")
+
+    def _kernel(self, name: str) -> Callable[..., Any]:
+        op = getattr(torch.ops.c10d, name).default
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            active = _get_current_dispatch_mode_stack()
+            for log in (self, *self._sharers):
+                if log not in active:  # on a thread where the log is a dispatch mode, the mode records it
+                    log._record_c10d(name, args)
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                return op(*args, **kwargs)
+        return kernel
 
     # -- naming ---------------------------------------------------------------------------------------
 
@@ -146,10 +202,11 @@ class CommLog(TorchDispatchMode):
             self._labels.pop()
 
     def _where_and_phase(self) -> tuple[str, str]:
+        labels = list(self._labels)  # a copy: another thread (all_threads) may be changing them
         phase = "backward" if torch._C._current_autograd_node() is not None else None
-        for _, p in reversed(self._labels):
+        for _, p in reversed(labels):
             phase = phase or p
-        return "/".join(label for label, _ in self._labels if label), phase or "forward"
+        return "/".join(label for label, _ in labels if label), phase or "forward"
 
     # -- recording ------------------------------------------------------------------------------------
 
@@ -224,10 +281,11 @@ class CommLog(TorchDispatchMode):
         self.records.clear()
 
 
-def comm_log(mesh: DeviceMesh | None = None,
-             groups: Mapping[str, dist.ProcessGroup] | None = None) -> CommLog:
-    """A log to open with `with comm_log(mesh=mesh) as log:`; it records every collective in the block."""
-    return CommLog(mesh, groups)
+def comm_log(mesh: DeviceMesh | None = None, groups: Mapping[str, dist.ProcessGroup] | None = None,
+             all_threads: bool = False) -> CommLog:
+    """A log to open with `with comm_log(mesh=mesh) as log:`; it records every collective in the block,
+    on this thread (and autograd's backward), or with `all_threads=True` on every thread of the process."""
+    return CommLog(mesh, groups, all_threads)
 
 
 @contextmanager

@@ -79,13 +79,15 @@ def mlp_task(sizes: tuple[int, ...] = (16, 64, 64, 4), n: int = 480, seed: int =
     return Task(f"MLP{list(sizes)}", lambda: models.MLP(sizes), X, y, mse_loss)
 
 
-def gpt_task(n_layer: int = 2, n_embd: int = 32, block_size: int = 16, n: int = 240, seed: int = 0) -> Task:
-    """Next-character prediction on `models.char_corpus` with a small `models.GPT`: `n` windows of
-    `block_size` tokens drawn once, with a fixed generator, so every rank sees the same examples."""
-    text = models.char_corpus(400, seed=seed)
+def gpt_task(n_layer: int = 2, n_embd: int = 32, block_size: int = 16, n: int = 240, seed: int = 0, *,
+             n_head: int = 4, bias: bool = True, sentences: int = 400) -> Task:
+    """Next-character prediction on `models.char_corpus(sentences)` with a small `models.GPT` (`n_head`
+    heads, `bias` in its linears and layer norms): `n` windows of `block_size` tokens drawn once, with a
+    fixed generator, so every rank sees the same examples."""
+    text = models.char_corpus(sentences, seed=seed)
     tok = models.CharTokenizer(text)
     config = models.GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=n_layer,
-                              n_head=4, n_embd=n_embd)
+                              n_head=n_head, n_embd=n_embd, bias=bias)
     x, y = models.get_batch(tok.encode(text), block_size, n, torch.Generator().manual_seed(seed))
     return Task(f"GPT(n_layer={n_layer}, n_embd={n_embd})", lambda: models.GPT(config), x, y, lm_loss)
 

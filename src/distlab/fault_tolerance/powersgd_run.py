@@ -1,6 +1,7 @@
 """Chapter 7's PowerSGD beside the methods of section 3: the same task, data and inner AdamW, with the
 gradients exchanged every step as a rank-r approximation (Vogels, Karimireddy & Jaggi 2019) through
-`distlab.memory.compression.PowerSGD`, a DDP communication hook that counts its own bytes."""
+`distlab.memory.compression.PowerSGD`, a DDP communication hook whose all-reduces `distlab.comm_log` counts
+(labelled "powersgd")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from torch import nn
 
+from distlab.comm_log import comm_log
 from distlab.memory.compression import PowerSGD
 from distlab.reference import Task
 
@@ -24,7 +26,7 @@ def powersgd_run(recipe: Recipe, model: nn.Module, task: Task, steps: int, globa
     ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
     ddp.register_comm_hook(state, PowerSGD.hook)
     inner = inner_optimizer(recipe, list(model.parameters()))
-    losses = train_shards(task, steps, global_batch, seed, group, ddp, inner, inner.step)
+    with comm_log() as log:
+        losses = train_shards(task, steps, global_batch, seed, group, ddp, inner, inner.step)
     params = {n: q.detach().clone() for n, q in model.named_parameters()}
-    return ReplicaRun(losses, params, [], float(state.log.sent_bytes()), len(state.log.records))
-
+    return ReplicaRun(losses, params, [], log.sent_bytes(where="powersgd"), log.calls(where="powersgd"))

@@ -36,7 +36,8 @@ from distlab import launch, sharding
 from distlab.cli_types import positive_int
 from distlab.memory.zero import ShardedOptimizer, ZeRO, default_units
 from distlab.memory.zero.fsdp import fully_shard as zero_fully_shard
-from distlab.memory.zero.parity import LR, RunResult, Task, gpt_task, group_mean
+from distlab.memory.zero.parity import GLOBAL_BATCH, LR, SEED, RunResult, group_mean, zero_task
+from distlab.reference import Task
 
 CONTENDERS = ("zero1", "sharded1", "zero_redundancy", "zero3", "sharded3", "fsdp2")
 PAIRS = {"zero1": "zero_redundancy", "sharded1": "zero_redundancy", "zero3": "fsdp2",
@@ -45,7 +46,7 @@ PAIRS = {"zero1": "zero_redundancy", "sharded1": "zero_redundancy", "zero3": "fs
 
 def bench_task() -> Task:
     """The benchmark's model: a GPT of 4 blocks of width 64 (0.2 M parameters, 4 units plus the root)."""
-    return gpt_task(n_layer=4, n_embd=64, block_size=16)
+    return zero_task("gpt", n_layer=4, n_embd=64, block_size=16)
 
 
 class _Runner:
@@ -55,7 +56,7 @@ class _Runner:
         if kind not in CONTENDERS:
             raise ValueError(f"kind={kind!r} is unknown; choose one of {', '.join(CONTENDERS)}")
         self.kind, self.task = kind, task
-        self.model = task.build()
+        self.model = task.build(SEED)
         self.net: nn.Module = self.model
         self.engine: ZeRO | None = None
         if kind.startswith("zero") and kind[-1].isdigit():
@@ -90,7 +91,7 @@ class _Runner:
 
 
 def _my_batch(task: Task, step: int, group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = task.batch(step)
+    x, y = task.batch(step, GLOBAL_BATCH, SEED)
     mine = sharding.shard(len(x), dist.get_rank(group), dist.get_world_size(group))
     return x[mine], y[mine]
 

@@ -12,17 +12,16 @@ Distributed Optimization", NeurIPS) all-reduces, for each n x m gradient matrix 
 instead of M: P = M Q (n x r), orthogonalised, and Q = M^T P (m x r), one step of power iteration warm-
 started from the last step's Q. The rank-r approximation P Q^T replaces the average of M; what it
 misses is added to the next step's gradient (error feedback), so nothing is lost for good. Traffic per
-matrix drops from n m to r (n + m) values. `PowerSGD` is our DDP communication hook (every collective
-recorded in a `memory.zero.comm.CommLog`); PyTorch's is `torch.distributed.algorithms.ddp_comm_hooks.
+matrix drops from n m to r (n + m) values. `PowerSGD` is our DDP communication hook (its collectives
+labelled "powersgd" for `distlab.comm_log`); PyTorch's is `torch.distributed.algorithms.ddp_comm_hooks.
 powerSGD_hook`. (This module evaluates its annotations eagerly: DDP checks a hook's annotations
 against `dist.GradBucket` and `Future[Tensor]` themselves.) `compare_compression` trains the same
-model with plain all-reduce, ours and PyTorch's, and reports bytes sent and the final loss of each.
+model with plain all-reduce, ours and PyTorch's, and reports bytes sent and the final loss of each,
+counted by `comm_log(all_threads=True)`: PyTorch's hook all-reduces P and Q in future callbacks on the
+backend's thread, which a thread-local log would not see.
 """
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,8 +29,9 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from distlab import sharding
-from distlab.memory.zero.comm import CommLog, all_reduce
-from distlab.memory.zero.parity import Task, group_mean, mlp_task
+from distlab.comm_log import comm_log, where
+from distlab.memory.zero.parity import GLOBAL_BATCH, SEED, group_mean
+from distlab.reference import Task, mlp_task
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 
@@ -53,17 +53,24 @@ def adafactor_state_bytes(model: nn.Module) -> int:
     return sum(4 * (sum(p.shape) if p.dim() == 2 else p.numel()) + 4 for p in model.parameters())
 
 
+def compression_task() -> Task:
+    """The section's task: regression with the MLP of widths (16, 64, 64, 4), 5508 parameters, on 96
+    examples (`distlab.reference.mlp_task`), in global batches of `zero.parity.GLOBAL_BATCH`."""
+    return mlp_task(sizes=(16, 64, 64, 4), n=96, seed=SEED)
+
+
 def train_curve(optimizer: str, task: Task | None = None, steps: int = 60, lr: float = 1e-2) -> list[float]:
-    """One process: the loss at every step of training `task` (default: the MLP) with `optimizer`."""
+    """One process: the loss at every step of training `task` (default: `compression_task`) with
+    `optimizer`."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
-    task = task or mlp_task(sizes=(16, 64, 64, 4), n=96)
-    model = task.build()
+    task = task or compression_task()
+    model = task.build(SEED)
     opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
     losses = []
     for step in range(steps):
         opt.zero_grad()
-        loss = task.loss(model, *task.batch(step))
+        loss = task.loss(model, *task.batch(step, GLOBAL_BATCH, SEED))
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -77,12 +84,12 @@ def train_curve(optimizer: str, task: Task | None = None, steps: int = 60, lr: f
 class PowerSGD:
     """Rank-`rank` PowerSGD with error feedback and warm start, as a DDP communication hook
     (`ddp.register_comm_hook(state, PowerSGD.hook)`): Vogels et al. 2019, Algorithm 1. Matrices where
-    r (n + m) is not smaller than n m, and all vectors, are all-reduced as they are."""
+    r (n + m) is not smaller than n m, and all vectors, are all-reduced as they are. Its collectives are
+    labelled "powersgd/P", "powersgd/Q" and "powersgd/vector" in an open `distlab.comm_log`."""
 
     group: dist.ProcessGroup | None = None
     rank: int = 1
     seed: int = 0
-    log: CommLog = field(default_factory=CommLog)
     errors: dict[tuple[int, int], Tensor] = field(default_factory=dict)
     qs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
 
@@ -93,10 +100,12 @@ class PowerSGD:
             g = torch.Generator().manual_seed(self.seed + key[1])
             self.qs[key] = torch.randn(m.shape[1], self.rank, generator=g)
         p = m @ self.qs[key]
-        all_reduce(p, self.group, self.log, tag="P")
+        with where("P"):
+            dist.all_reduce(p, group=self.group)
         p, _ = torch.linalg.qr(p / n_ranks)  # orthonormal columns (the paper's Gram-Schmidt)
         q = m.t() @ p
-        all_reduce(q, self.group, self.log, tag="Q")
+        with where("Q"):
+            dist.all_reduce(q, group=self.group)
         q /= n_ranks
         self.qs[key] = q
         approx = p @ q.t()
@@ -108,14 +117,17 @@ class PowerSGD:
         """DDP calls this with each bucket of gradients; returns the averaged bucket."""
         n = dist.get_world_size(state.group)
         out = []
-        for i, g in enumerate(bucket.gradients()):
-            rows, cols = (g.shape[0], g[0].numel()) if g.dim() >= 2 else (1, g.numel())
-            if g.dim() >= 2 and state.rank * (rows + cols) < rows * cols:
-                out.append(state._compress((bucket.index(), i), g.reshape(rows, cols), n).reshape(g.shape))
-            else:
-                flat = g.clone()
-                all_reduce(flat, state.group, state.log, tag="vector")
-                out.append(flat / n)
+        with where("powersgd"):
+            for i, g in enumerate(bucket.gradients()):
+                rows, cols = (g.shape[0], g[0].numel()) if g.dim() >= 2 else (1, g.numel())
+                if g.dim() >= 2 and state.rank * (rows + cols) < rows * cols:
+                    approx = state._compress((bucket.index(), i), g.reshape(rows, cols), n)
+                    out.append(approx.reshape(g.shape))
+                else:
+                    flat = g.clone()
+                    with where("vector"):
+                        dist.all_reduce(flat, group=state.group)
+                    out.append(flat / n)
         result = torch.cat([t.reshape(-1) for t in out])
         future: torch.futures.Future[Tensor] = torch.futures.Future()
         future.set_result(result)
@@ -124,16 +136,16 @@ class PowerSGD:
 
 @dataclass
 class AllReduce:
-    """Plain data parallelism as a comm hook (`ddp.register_comm_hook(state, AllReduce.hook)`), so that
-    its bytes are recorded the same way: the bucket's average over `group` (None: the whole world)."""
+    """Plain data parallelism as a comm hook (`ddp.register_comm_hook(state, AllReduce.hook)`), made the
+    same way as ours: the bucket's average over `group` (None: the whole world), labelled "bucket"."""
 
     group: dist.ProcessGroup | None = None
-    log: CommLog = field(default_factory=CommLog)
 
     @staticmethod
     def hook(state: "AllReduce", bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
         flat = bucket.buffer().clone()
-        all_reduce(flat, state.group, state.log, tag="bucket")
+        with where("bucket"):
+            dist.all_reduce(flat, group=state.group)
         future: torch.futures.Future[Tensor] = torch.futures.Future()
         future.set_result(flat / dist.get_world_size(state.group))
         return future
@@ -141,68 +153,55 @@ class AllReduce:
 
 @dataclass(frozen=True)
 class CompressionResult:
-    """One method on the ranks: bytes each rank sent per step (ring count) and the final global loss."""
+    """One method on the ranks: bytes each rank sent per step (ring count, rounded to a byte) and the final
+    global loss."""
 
     method: str
     sent_bytes_per_step: int
     final_loss: float
 
 
-def _ddp(method: str, model: nn.Module, log: CommLog, rank: int) -> nn.Module:
+def _ddp(method: str, model: nn.Module, rank: int) -> nn.Module:
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     if method == "allreduce":
-        ddp.register_comm_hook(AllReduce(log=log), AllReduce.hook)
+        ddp.register_comm_hook(AllReduce(), AllReduce.hook)
     elif method == "ours":
-        ddp.register_comm_hook(PowerSGD(rank=rank, log=log), PowerSGD.hook)
-    else:  # PyTorch's: compress from the second step on (the earliest it allows), count its all-reduces
+        ddp.register_comm_hook(PowerSGD(rank=rank), PowerSGD.hook)
+    else:  # PyTorch's: compress from the second step on (the earliest it allows)
         state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
                                             min_compression_rate=1)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
 
 
-@contextlib.contextmanager
-def _recording_all_reduce(log: CommLog) -> Iterator[None]:
-    """While inside, every `dist.all_reduce` call (PyTorch's hook makes them) is recorded in `log`."""
-    original = dist.all_reduce
-
-    def recorded(t: Tensor, *args: Any, **kwargs: Any) -> Any:
-        log.add("all_reduce", t.numel() * t.element_size(), dist.get_world_size(), "pytorch")
-        return original(t, *args, **kwargs)
-
-    dist.all_reduce = recorded
-    try:
-        yield
-    finally:
-        dist.all_reduce = original
-
-
 def compare_compression(methods: tuple[str, ...] = ("allreduce", "ours", "pytorch"), rank: int = 2,
                         steps: int = 60, lr: float = 1e-2,
                         task: Task | None = None) -> list[CompressionResult]:
     """Inside the ranks (whole world): train the task with DDP and each method's gradient exchange,
-    with Adam, and report bytes sent per step (averaged over steps) and the final loss."""
-    task = task or mlp_task(sizes=(16, 64, 64, 4), n=96)
+    with Adam, and report the bytes of the gradient all-reduces sent per step (averaged over steps;
+    `comm_log(all_threads=True)` also sees those PyTorch's hook makes on gloo's thread) and the final
+    loss."""
+    task = task or compression_task()
     results = []
     for method in methods:
-        log = CommLog()
-        model = task.build()
-        ddp = _ddp(method, model, log, rank)
+        model = task.build(SEED)
+        ddp = _ddp(method, model, rank)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
-        recording = _recording_all_reduce(log) if method == "pytorch" else contextlib.nullcontext()
-        with recording:
+        with comm_log(all_threads=True) as log:
             loss = _train_ddp(ddp, opt, task, steps)
-        results.append(CompressionResult(method, log.sent_bytes() // steps, loss))
+        sent = log.sent_bytes(op="all_reduce")  # not DDP's broadcasts of its buckets' layout
+        results.append(CompressionResult(method, round(sent / steps), group_mean(loss, None)))
     return results
 
 
-def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: int) -> float:
+def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: int) -> Tensor:
+    """Train for `steps`; return this rank's last loss."""
     loss = torch.zeros(())
     for step in range(steps):
-        x, y = task.batch(step)
+        x, y = task.batch(step, GLOBAL_BATCH, SEED)
         mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
         opt.zero_grad()
         loss = task.loss(ddp, x[mine], y[mine])
         loss.backward()
         opt.step()
-    return group_mean(loss, None)
+    return loss

@@ -18,7 +18,9 @@ Communication, per rank and step, with ring collectives on buffers of Psi values
 all-reduce is a reduce-scatter plus an all-gather, 2 (N - 1)/N Psi values sent; stages 1 and 2 do one
 reduce-scatter of the gradients and one all-gather of the parameters, the same 2 (N - 1)/N Psi; stage 3
 all-gathers the parameters twice (forward and backward) and reduce-scatters the gradients once, 3 (N - 1)/N
-Psi: 1.5x. The paper rounds (N - 1)/N to 1 and writes 2 Psi and 3 Psi.
+Psi: 1.5x. The paper rounds (N - 1)/N to 1 and writes 2 Psi and 3 Psi. `comm_sent_bytes` is the formula;
+`zero_sent_bytes` sums the same from a `distlab.comm_log` opened around a step, each call's bytes by the
+ring factors of `distlab.comm_log.ring_bytes`, without ZeRO's control messages.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Any
 
 from torch import Tensor
 
+from distlab.comm_log import CommLog
 from distlab.memory import cost_model
-from distlab.memory.zero.comm import RING_PASSES
+from distlab.memory.zero.uneven import CONTROL
 
 MIXED = {"param_bytes": 2, "grad_bytes": 2, "k": 12}  # the paper's fp16/fp32 mixed-precision Adam
 FP32 = {"param_bytes": 4, "grad_bytes": 4, "k": 8}  # fp32 Adam: the parameters are the master copy
@@ -61,7 +64,15 @@ def comm_sent_bytes(psi: int, n: int, stage: int, bytes_per_value: int = 4) -> i
 
 def comm_ratio_to_dp(stage: int) -> float:
     """Stage `stage`'s communication volume over plain data parallelism's: 1.0, or 1.5 for stage 3."""
-    return PASSES_PER_STEP[stage] / RING_PASSES["all_reduce"]
+    return PASSES_PER_STEP[stage] / PASSES_PER_STEP[0]
+
+
+def zero_sent_bytes(log: CommLog, op: str | None = None) -> int:
+    """The bytes this rank sent in the calls `log` recorded (all, or those of `op`) with the ring
+    algorithms, leaving out ZeRO's control messages (labelled `uneven.CONTROL`): the volume the paper
+    counts. ZeRO pads every buffer to a multiple of N, so the sum is a whole number of bytes; it is rounded
+    to one, since the factors (N - 1)/N are floats."""
+    return round(sum(r.sent_bytes for r in log.select(op=op) if CONTROL not in r.where.split("/")))
 
 
 def _storage_bytes(tensors: list[Tensor | None], seen: set[int]) -> int:

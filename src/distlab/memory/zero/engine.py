@@ -22,60 +22,29 @@ each cut into N equal shards; group-rank i owns shard i of every unit. Gradients
 post-accumulate hook per parameter (`Tensor.register_post_accumulate_grad_hook`), copied into their
 unit's flat gradient buffer; in stages 2 and 3 the unit is reduce-scattered as soon as its last gradient
 arrives, asynchronously so that the backward goes on meanwhile (one unit in flight at a time), and only
-the shard is kept. Stage 3's schedule of all-gathers is in
-`stage3`. Every collective goes through `comm`, which records the bytes sent in `self.log`.
+the shard is kept. How the model is cut into units and what each holds is in `units`; stage 3's schedule
+of all-gathers is in `stage3`. Every collective is labelled with its unit (`distlab.comm_log.where`), so
+that a `comm_log` opened around a step counts ZeRO's bytes (`accounting.zero_sent_bytes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, HostShard, check_host_room
-from distlab.memory.zero.comm import CommLog, all_gather, all_reduce, reduce_scatter
-from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
+from distlab.comm_log import where
+from distlab.dist_compat import all_gather_single, reduce_scatter_single
+from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, check_host_room
+from distlab.memory.zero.flat import AdamConfig, FlatUnit
 from distlab.memory.zero.stage3 import ParameterGather
 from distlab.memory.zero.uneven import CONTROL, agree_on_usage
+from distlab.memory.zero.units import build_unit, default_units, unit_layouts
 from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
 
 __all__ = ["CONTROL", "STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
-
-
-def default_units(model: nn.Module) -> list[nn.Module]:
-    """The layers a model is sharded and gathered by: a GPT's blocks (`model.h`), or the children of an
-    `nn.Sequential` that hold parameters; every other parameter goes to the root unit."""
-    if isinstance(getattr(model, "h", None), nn.ModuleList):
-        return list(model.h)
-    if isinstance(model, nn.Sequential):
-        return [m for m in model if any(True for _ in m.parameters())]
-    return []
-
-
-@dataclass
-class _Unit:
-    """One unit's buffers on this rank. `flat`: the full parameters (stage 3: freed between uses);
-    `shard`: the part this rank updates; `grad_full`/`grad_shard`: its gradient, whole or this rank's."""
-
-    layout: FlatUnit
-    module: nn.Module
-    flat: Tensor
-    shard: Tensor
-    adam: ShardAdam
-    host: HostShard | None = None
-    grad_full: Tensor | None = None
-    grad_shard: Tensor | None = None
-    got: list[bool] = field(default_factory=list)  # parameter j's gradient is in grad_full (this pass)
-    used: list[bool] = field(default_factory=list)  # parameter j got a gradient on this rank this step
-    passes: int = 0  # stages 2-3: reduce-scatters already summed into grad_shard this step
-
-    def forget(self) -> None:
-        self.got = [False] * len(self.layout.params)
-        self.used = list(self.got)
-        self.passes = 0
 
 
 class ZeRO:
@@ -102,65 +71,24 @@ class ZeRO:
         self.model, self.group = model, group
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.config = AdamConfig(lr, tuple(betas), eps, weight_decay)
-        self.log = CommLog()
         self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the one under way
-        layouts, modules = self._layouts(model, default_units(model) if units is None else list(units))
+        layouts, modules = unit_layouts(model, default_units(model) if units is None else list(units), self.n)
         if offload:
             per_rank = layouts if self.stage else [FlatUnit(u.name, u.params, 1) for u in layouts]
             check_host_room(HOST_BYTES_PER_ELEMENT * sum(u.shard_numel for u in per_rank),
                             host_bytes_available)
-        self.units = [self._build(layout, module, offload) for layout, module in zip(layouts, modules,
-                                                                                      strict=True)]
+        self.units = [build_unit(layout, module, self.stage, group, self.config, offload)
+                      for layout, module in zip(layouts, modules, strict=True)]
         self.gather = None
         if self.stage == 3:
+            names = {id(m): name for name, m in model.named_modules()}
             self.gather = ParameterGather(modules, [u.flat for u in self.units],
-                                          [u.shard for u in self.units], group, self.log, prefetch,
-                                          has_root=modules[0] is model)
+                                          [u.shard for u in self.units], group, prefetch,
+                                          has_root=modules[0] is model,
+                                          names=[names[id(m)] or "the root" for m in modules])
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_hook(i, j))
                       for i, u in enumerate(self.units) for j, p in enumerate(u.layout.params)
                       if hook_gradients]
-
-    def _layouts(self, model: nn.Module, units: list[nn.Module]) -> tuple[list[FlatUnit], list[nn.Module]]:
-        """One FlatUnit per unit module, root (the model, with the parameters no unit claims) first."""
-        inside = {id(m) for m in model.modules()}
-        strangers = [type(m).__name__ for m in units if id(m) not in inside]
-        if strangers:
-            raise ValueError(f"units {strangers} are not modules of the model; pass submodules of it, e.g. "
-                             "units=list(model.h) for a GPT, or leave units=None")
-        seen: set[int] = set()
-        claimed = []
-        for m in units:
-            ps = [p for p in m.parameters() if p.requires_grad and id(p) not in seen]
-            seen.update(id(p) for p in ps)
-            claimed.append(ps)
-        root = [p for p in model.parameters() if p.requires_grad and id(p) not in seen]
-        pairs = [(FlatUnit(f"unit{i}", ps, self.n), m)
-                 for i, (ps, m) in enumerate(zip([root, *claimed], [model, *units], strict=True)) if ps]
-        if not pairs:
-            raise ValueError("the model has no trainable parameters; ZeRO has nothing to shard")
-        return [u for u, _ in pairs], [m for _, m in pairs]
-
-    def _build(self, layout: FlatUnit, module: nn.Module, offload: bool) -> _Unit:
-        flat = layout.flatten([p.detach() for p in layout.params])
-        dist.broadcast(flat, group=self.group, group_src=0)  # every replica starts from group-rank 0's
-        layout.bind(flat)
-        sliced = flat if self.stage == 0 else flat[layout.shard_slice(self.rank)]
-        shard = sliced.clone() if self.stage == 3 else sliced
-        state_dtype = torch.promote_types(flat.dtype, torch.float32)  # fp32, or fp64 for a float64 model
-        # where each parameter lies in what this rank updates (stage 0: the whole buffer)
-        segments = shard_segments(FlatUnit(layout.name, layout.params, 1) if self.stage == 0 else layout,
-                                  0 if self.stage == 0 else self.rank)
-        unit = _Unit(layout, module, flat, shard, ShardAdam(0 if offload else shard.numel(), self.config,
-                                                            flat.device, state_dtype, segments))
-        unit.forget()
-        if offload:
-            unit.host = HostShard(shard, self.config)
-            unit.host.adam.segments, unit.host.adam.steps = segments, [0] * len(segments)
-        if self.stage <= 1:  # stages 0 and 1 keep the whole gradient, as plain DP does
-            unit.grad_full = torch.zeros_like(flat)
-        else:
-            unit.grad_shard = torch.zeros_like(shard)
-        return unit
 
     # -- the backward: gradients into flat buffers, reduce-scattered per unit in stages 2 and 3
     def _grad_hook(self, i: int, j: int) -> Callable[[Tensor], None]:
@@ -194,7 +122,8 @@ class ZeRO:
         if unit.grad_full is None:  # no parameter of the unit got a gradient in this pass
             unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)
         into = unit.grad_shard if unit.passes == 0 else torch.empty_like(unit.grad_shard)
-        work = reduce_scatter(into, unit.grad_full, self.group, self.log, tag=f"unit{i}", async_op=True)
+        with where(unit.layout.name):
+            work = reduce_scatter_single(into, unit.grad_full, group=self.group, async_op=True)
         self.in_flight = (i, work, into)
         unit.got = [False] * len(unit.layout.params)
         unit.passes += 1
@@ -227,11 +156,13 @@ class ZeRO:
                 if not used:
                     view.zero_()
         if self.stage == 0:
-            all_reduce(unit.grad_full, self.group, self.log, tag=f"unit{i}")
+            with where(unit.layout.name):
+                dist.all_reduce(unit.grad_full, group=self.group)
             return unit.grad_full.div_(self.n)
         if self.stage == 1:
             shard = torch.empty_like(unit.shard)
-            reduce_scatter(shard, unit.grad_full, self.group, self.log, tag=f"unit{i}")
+            with where(unit.layout.name):
+                reduce_scatter_single(shard, unit.grad_full, group=self.group)
             return shard.div_(self.n)
         return unit.grad_shard  # stages 2 and 3: reduce-scattered during the backward
 
@@ -256,14 +187,15 @@ class ZeRO:
             else:
                 unit.adam.step(unit.shard, grad, active[i])
             if self.stage in (1, 2):
-                all_gather(unit.flat, unit.shard.clone(), self.group, self.log, tag=f"unit{i}")
+                with where(unit.layout.name):
+                    all_gather_single(unit.flat, unit.shard.clone(), group=self.group)
             unit.forget()
 
     def _active(self) -> list[list[bool]]:
         """Per unit and parameter: did it get a gradient on any rank this step? torch.optim skips a
         parameter whose .grad is None; ZeRO does the same for one that got no gradient anywhere. One
-        all-reduce of a flag per parameter, a control message outside the paper's volume: not in ZeRO's own
-        log, and labelled CONTROL in any open `distlab.comm_log`, so that byte counts can leave it out.
+        all-reduce of a flag per parameter, a control message outside the paper's volume, labelled CONTROL
+        in any open `distlab.comm_log`, so that byte counts leave it out (`accounting.zero_sent_bytes`).
         A parameter with a gradient on some ranks only is a RuntimeError on every rank (`uneven`)."""
         names = {id(p): name for name, p in self.model.named_parameters()}
         flags = agree_on_usage([u for unit in self.units for u in unit.used],

@@ -25,7 +25,7 @@ from torch import Tensor
 from distlab import launch
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
 from distlab.comm_log import comm_log
-from distlab.memory.zero.comm import reduce_scatter
+from distlab.dist_compat import reduce_scatter_single
 
 NUMEL = 10
 PHASES = ([[0], [1, 2, 3]], [[0, 1], [2, 3]], [[0, 1, 2, 3]])  # groups run at the same time, per phase
@@ -38,7 +38,7 @@ def zero2_reduce_scatter(flat_grad: Tensor, group: dist.ProcessGroup | None = No
     padded = torch.zeros(shard * n, dtype=flat_grad.dtype)
     padded[:flat_grad.numel()] = flat_grad
     out = torch.empty(shard, dtype=flat_grad.dtype)
-    reduce_scatter(out, padded, group)
+    reduce_scatter_single(out, padded, group=group)
     return out / n
 
 

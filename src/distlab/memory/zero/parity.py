@@ -1,10 +1,16 @@
 """ZeRO against plain data parallelism on one process: the same model, data, seed and Adam.
 
+The tasks are the course's (`distlab.reference`), at the chapter's sizes (`zero_task`): the MLP of widths
+(7, 13, 5), 174 parameters in units of 104 and 70, so that shards are uneven and padded on 3 and 4 ranks,
+and a small GPT with tied embeddings and no biases. Every run draws its global batches of `GLOBAL_BATCH`
+examples with `SEED`, as `Task.batch` does on every rank.
+
 `train_zero` runs inside the ranks: it trains a task for a few steps with `zero.ZeRO` of some stage on
 `group`, each rank on its contiguous slice of every global batch (`distlab.sharding`), and returns the
-losses, the final parameters, the bytes held and the collectives called. `train_reference` trains the
-same task on one process with `torch.optim.Adam` on the whole batch. `report`, `agree` and `verdict`
-state the result in `distlab.parity`'s words.
+losses, the final parameters, the bytes held and the bytes sent in the last step (counted by
+`distlab.comm_log` around the step, without ZeRO's control messages). `train_reference` trains the same
+task on one process with `torch.optim.Adam` on the whole batch (`distlab.reference.train_reference`).
+`report`, `agree` and `verdict` state the result in `distlab.parity`'s words.
 
 Tolerance. The averaged gradient is the same sum of the same fp32 terms as the single process's, added in
 another order (per rank, then across ranks), so it differs by rounding, a few units of 2**-24 relative.
@@ -17,75 +23,42 @@ padding that leaks into a parameter moves parameters by lr = 1e-2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from distlab import models, parity, sharding
-from distlab.memory.zero.accounting import measured_model_state_bytes
+from distlab import parity, reference, sharding
+from distlab.comm_log import comm_log
+from distlab.memory.zero.accounting import measured_model_state_bytes, zero_sent_bytes
 from distlab.memory.zero.engine import ZeRO
+from distlab.reference import Task
 
 # fp32 rounding, from the course's one table (distlab.parity), as torch.testing's atol/rtol
 TOLERANCE = {"atol": parity.TOLERANCE[torch.float32], "rtol": parity.TOLERANCE[torch.float32]}
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4 ranks
 LR = 1e-2
+SEED = 0
 
 
-@dataclass
-class Task:
-    """A model and its data: `build()` makes the model from a fixed seed; `batch(step)` is the global
-    batch of a step; `loss(model, x, y)` the mean loss over a batch."""
+def zero_task(name: str = "mlp", **sizes: Any) -> Task:
+    """The chapter's task `name` ("mlp" or "gpt"), `distlab.reference`'s at the chapter's sizes; `sizes`
+    overrides them (e.g. zero_task("gpt", n_layer=4, n_embd=64, block_size=16)).
 
-    name: str
-    build: Callable[[], nn.Module]
-    batch: Callable[[int], tuple[Tensor, Tensor]]
-    loss: Callable[[nn.Module, Tensor, Tensor], Tensor]
-
-
-def mlp_task(sizes: tuple[int, ...] = (7, 13, 5), n: int = 96, seed: int = 0) -> Task:
-    """Regression with an MLP of widths `sizes`. The default has 174 parameters in units of 104 and 70:
-    not divisible by 3 or 4, so shards are uneven and padded."""
-    x_all, y_all = models.regression_data(n, sizes[0], sizes[-1], seed=seed)
-
-    def build() -> nn.Module:
-        torch.manual_seed(seed)
-        return models.MLP(list(sizes))
-
-    def batch(step: int) -> tuple[Tensor, Tensor]:
-        idx = sharding.batch_indices(n, GLOBAL_BATCH, step, seed)
-        return x_all[idx], y_all[idx]
-
-    return Task("mlp", build, batch, lambda m, x, y: F.mse_loss(m(x), y))
-
-
-def gpt_task(n_layer: int = 2, n_embd: int = 16, block_size: int = 8, seed: int = 0) -> Task:
-    """A small GPT (tied embeddings, two blocks) on the course's arithmetic text, without biases: the
-    bias of the attention keys has a gradient that is zero in exact arithmetic (softmax ignores a shift
-    shared by all keys), so in fp32 it is pure rounding noise, and Adam, which divides by the gradient's
-    own size, turns noise into steps of up to lr. Such a parameter differs between any two summation
-    orders by more than any tolerance, and says nothing about ZeRO."""
-    text = models.char_corpus(200, seed=seed)
-    tok = models.CharTokenizer(text)
-    data = tok.encode(text)
-    config = models.GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=n_layer,
-                              n_head=2, n_embd=n_embd, bias=False)
-
-    def build() -> nn.Module:
-        torch.manual_seed(seed)
-        return models.GPT(config)
-
-    def batch(step: int) -> tuple[Tensor, Tensor]:
-        return models.get_batch(data, block_size, GLOBAL_BATCH, torch.Generator().manual_seed(seed + step))
-
-    return Task("gpt", build, batch, lambda m, x, y: m(x, y)[1])
-
-
-TASKS = {"mlp": mlp_task, "gpt": gpt_task}
+    "mlp": regression with `models.MLP((7, 13, 5))` on 96 examples. "gpt": a GPT of 2 blocks, 2 heads,
+    width 16, windows of 8 characters, tied embeddings and no biases: the bias of the attention keys has
+    a gradient that is zero in exact arithmetic (softmax ignores a shift shared by all keys), so in fp32
+    it is pure rounding noise, and Adam, which divides by the gradient's own size, turns noise into steps
+    of up to lr. Such a parameter differs between any two summation orders by more than any tolerance,
+    and says nothing about ZeRO."""
+    if name == "mlp":
+        return reference.mlp_task(**{"sizes": (7, 13, 5), "n": 96, "seed": SEED, **sizes})
+    if name == "gpt":
+        return reference.gpt_task(**{"n_layer": 2, "n_embd": 16, "block_size": 8, "n": 240, "seed": SEED,
+                                     "n_head": 2, "bias": False, "sentences": 200, **sizes})
+    raise ValueError(f"task={name!r} is not one of the chapter's tasks; choose 'mlp' or 'gpt'")
 
 
 @dataclass
@@ -110,23 +83,23 @@ def group_mean(value: Tensor, group: dist.ProcessGroup | None) -> float:
 def train_zero(stage: int, task: str | Task = "mlp", steps: int = 4, group: dist.ProcessGroup | None = None,
                **zero_kwargs: Any) -> RunResult:
     """Inside the ranks: train `task` with ZeRO `stage` over `group` and report (see `RunResult`)."""
-    t = TASKS[task]() if isinstance(task, str) else task
+    t = zero_task(task) if isinstance(task, str) else task
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    model = t.build()
+    model = t.build(SEED)
     engine = ZeRO(model, stage, group, lr=LR, **zero_kwargs)
     losses = []
     for step in range(steps):
-        x, y = t.batch(step)
+        x, y = t.batch(step, GLOBAL_BATCH, SEED)
         mine = sharding.shard(len(x), r, n)
         engine.zero_grad()
-        engine.log.clear()
-        loss = t.loss(model, x[mine], y[mine])
-        loss.backward()
-        engine.step()
+        with comm_log() as log:  # the last step's log is the one reported
+            loss = t.loss(model, x[mine], y[mine])
+            loss.backward()
+            engine.step()
         losses.append(group_mean(loss, group))
     memory = measured_model_state_bytes(engine)  # after the step, before zero_grad: all states present
-    sent = {op: engine.log.sent_bytes(op) for op in ("all_reduce", "reduce_scatter", "all_gather")}
-    sent["total"] = engine.log.sent_bytes()
+    sent = {op: zero_sent_bytes(log, op) for op in ("all_reduce", "reduce_scatter", "all_gather")}
+    sent["total"] = zero_sent_bytes(log)
     params = engine.full_parameters()
     engine.remove()
     return RunResult(losses, params, memory, sent, engine.parameter_count(padded=True))
@@ -134,17 +107,11 @@ def train_zero(stage: int, task: str | Task = "mlp", steps: int = 4, group: dist
 
 def train_reference(task: str | Task = "mlp", steps: int = 4) -> RunResult:
     """One process, the whole batch, `torch.optim.Adam`: what every ZeRO stage must reproduce."""
-    t = TASKS[task]() if isinstance(task, str) else task
-    model = t.build()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss = t.loss(model, *t.batch(step))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return RunResult(losses, {name: p.detach().clone() for name, p in model.named_parameters()})
+    t = zero_task(task) if isinstance(task, str) else task
+    model = t.build(SEED)
+    run = reference.train_reference(model, t.batches(steps, GLOBAL_BATCH, SEED), t.loss,
+                                    torch.optim.Adam(model.parameters(), lr=LR))
+    return RunResult(run.losses, run.params)
 
 
 def report(a: RunResult, b: RunResult, what: str = "") -> parity.ParityReport:

@@ -16,6 +16,10 @@ communication behind computation, as DeepSpeed and FSDP do.
 The root unit (the parameters of the model that belong to no other unit, such as embeddings) is first in
 forward order and its forward spans the whole model's, so it stays gathered through the forward; it is
 gathered again as soon as the backward starts.
+
+Every rank must run the units in the same order, or the all-gathers pair up wrongly: before each unit's
+forward, and where the backward begins, the ranks agree on which unit that is (`order.agree_on_unit`),
+and raise the same clear error on every rank where they do not.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab.memory.zero.comm import CommLog, all_gather
+from distlab.comm_log import where
+from distlab.dist_compat import all_gather_single
 from distlab.memory.zero.flat import alloc_storage, free_storage
+from distlab.memory.zero.order import agree_on_unit
 
 
 def _output_tensors(out: Any) -> list[Tensor]:
@@ -41,17 +47,20 @@ class ParameterGather:
 
     `flats[i]` is unit i's full buffer (its parameters are views of it) and `shards[i]` the rank's part;
     `modules[i]` is the module whose forward needs it, the root (if it has parameters: `has_root`)
-    first. Forward order is 0, 1, ..., K-1; backward order is 0 (root), K-1, ..., 1.
+    first. Forward order is 0, 1, ..., K-1; backward order is 0 (root), K-1, ..., 1. `names[i]` names
+    unit i in the error raised when the ranks run different units.
     """
 
     def __init__(self, modules: Sequence[nn.Module], flats: Sequence[Tensor], shards: Sequence[Tensor],
-                 group: dist.ProcessGroup | None, log: CommLog | None, prefetch: bool = True,
-                 has_root: bool = True) -> None:
-        self.flats, self.shards, self.group, self.log = list(flats), list(shards), group, log
+                 group: dist.ProcessGroup | None, prefetch: bool = True, has_root: bool = True,
+                 names: Sequence[str] | None = None) -> None:
+        self.flats, self.shards, self.group = list(flats), list(shards), group
         self.prefetch = prefetch
+        self.names = list(names) if names is not None else [f"unit {i}" for i in range(len(self.flats))]
         self.pending: dict[int, dist.Work] = {}
         self.gathered: set[int] = set()
         self.done_backward: set[int] = set()
+        self.backward_agreed = True  # the ranks agreed on the first unit of this backward (`order`)
         k = len(self.flats)
         self.forward_order = list(range(k))
         first = 1 if has_root else 0  # the root is gathered first in both orders
@@ -68,8 +77,8 @@ class ParameterGather:
         if i in self.gathered or i in self.pending:
             return
         alloc_storage(self.flats[i])
-        work = all_gather(self.flats[i], self.shards[i], self.group, self.log, tag=f"unit{i}",
-                          async_op=async_op)
+        with where(f"unit{i}"):
+            work = all_gather_single(self.flats[i], self.shards[i], group=self.group, async_op=async_op)
         if async_op:
             self.pending[i] = work
         else:
@@ -104,8 +113,13 @@ class ParameterGather:
             self.release(i)
 
     # -- the hooks
+    def _agree(self, i: int, phase: str) -> None:
+        agree_on_unit(i, phase, self.names, self.group, self.flats[i].device)
+
     def _pre_forward_hook(self, i: int):
         def hook(module: nn.Module, args: Any) -> None:
+            self._agree(i, "forward")
+            self.backward_agreed = False
             self.done_backward.discard(i)
             self.ensure(i)
             self._prefetch_after(self.forward_order, i)
@@ -121,6 +135,9 @@ class ParameterGather:
 
     def _pre_backward_hook(self, i: int):
         def hook(grad: Tensor) -> None:
+            if not self.backward_agreed:  # the first unit the backward reaches
+                self.backward_agreed = True
+                self._agree(i, "backward")
             if i not in self.done_backward:
                 self.ensure(i)
                 self._prefetch_after(self.backward_order, i)
