@@ -64,13 +64,16 @@ class Bucket:
         if full < self.n and flat.numel() > full * s:
             block[full, :flat.numel() - full * s].copy_(flat[full * s:])
 
-    def copy_out(self, buffer: Tensor, k: int, out: Tensor) -> None:
-        """The inverse of `copy_in`: parameter k's block of `buffer` into the tensor `out`."""
+    def copy_out(self, buffer: Tensor, k: int, out: Tensor, skip: int | None = None) -> None:
+        """The inverse of `copy_in`: parameter k's block of `buffer` into the tensor `out`, leaving out
+        row `skip` (the rows this rank updated in place already; None: every row)."""
         block, s, flat = self.rows(buffer, k), self.sizes[k], out.view(-1)
         full = flat.numel() // s
-        if full:
-            flat[:full * s].view(full, s).copy_(block[:full])
-        if full < self.n and flat.numel() > full * s:
+        rows = flat[:full * s].view(full, s)
+        for a, b in [(0, full)] if skip is None else [(0, min(skip, full)), (skip + 1, full)]:
+            if a < b:
+                rows[a:b].copy_(block[a:b])
+        if full < self.n and flat.numel() > full * s and skip != full:
             flat[full * s:].copy_(block[full, :flat.numel() - full * s])
 
     def grad_buffer(self) -> Tensor:
