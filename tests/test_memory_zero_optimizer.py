@@ -12,7 +12,8 @@ One start of N ranks per world size (1-4) runs every check of that size:
   the optimizer's whole state in torch's format, against AdamW on one process;
 - on 2 ranks also: the outside-style test (SGD with momentum, Adam, AdamW), clipping by the global norm
   against `torch.nn.utils.clip_grad_norm_`, an unused parameter, two backward passes before a step,
-  and the state dicts, whole and sharded;
+  the state dicts, whole and sharded, and stage 1 reducing from the hooks during the backward (a
+  `p.grad` changed afterwards is refused);
   on 3 ranks: resuming from the 2-rank state (2 -> 3 ranks) equals one process that never stopped.
 """
 
@@ -178,6 +179,27 @@ def _accumulate(model: nn.Module, opt, task) -> None:
         opt.step()
 
 
+def _during_backward() -> dict:
+    """Stage 1: the averaged slices are there when backward() returns (reduced from the hooks, as DDP
+    does), `p.grad` is still this rank's own; changing `p.grad` afterwards is refused, not lost."""
+    task = zero_parity.mlp_task()
+    model = task.build()
+    opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=1, lr=0.1, bucket_numel=64)
+    x, y = task.batch(0)
+    mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
+    task.loss(model, x[mine], y[mine]).backward()
+    out = {"ready": all(opt.grad_shard(p) is not None for p in model.parameters()),
+           "own": [p.grad.clone() for p in model.parameters()],
+           "buckets": len(opt.buckets)}
+    next(model.parameters()).grad.mul_(0.5)
+    try:
+        opt.step()
+        out["changed"] = "no error"
+    except RuntimeError as e:
+        out["changed"] = str(e)
+    return out
+
+
 def _on_ranks(resume: dict | None = None) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -196,6 +218,7 @@ def _on_ranks(resume: dict | None = None) -> dict:
             out["clip", how] = _clipped(how)
             out["unused", how] = _unused(how)
             out["accumulated", how] = _accumulated(how)
+        out["during_backward"] = _during_backward()
     if resume is not None:  # go on from another dp size's state: the model's weights and the optimizer's
         model = gpt.build(zero_parity.SEED)
         model.load_state_dict(resume["params"], strict=False)  # lm_head.weight is tied to wte
@@ -334,3 +357,19 @@ def test_state_dicts_whole_sharded_and_on_another_dp_size() -> None:
         _close(r["resumed"], _params(model), **TOL)
     with pytest.raises(ValueError, match=r"pieces hold ranks \[1\] of a group of 2; pass the sharded"):
         merge_sharded(pieces[1:])
+
+
+def test_stage1_reduces_during_the_backward_and_refuses_a_gradient_changed_afterwards() -> None:
+    task = zero_parity.mlp_task()
+    model = task.build()
+    x, y = task.batch(0)
+    for r, res in enumerate(_ranks(2)):
+        got = res["during_backward"]
+        assert got["buckets"] > 1 and got["ready"], r  # several buckets, all reduced by backward()'s end
+        model.zero_grad()
+        mine = sharding.shard(len(x), r, 2)
+        task.loss(model, x[mine], y[mine]).backward()  # p.grad is this rank's own gradient, as computed
+        for own, p in zip(got["own"], model.parameters(), strict=True):
+            torch.testing.assert_close(own, p.grad, **TOL)
+        assert "changed after the backward reduce-scattered it" in got["changed"], got["changed"]
+        assert "opt.clip_grad_norm_" in got["changed"]

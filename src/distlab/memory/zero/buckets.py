@@ -8,6 +8,11 @@ slice keeps the parameter's number of dims, so code that groups parameters by `p
 To reduce-scatter or all-gather many parameters in one call, a `Bucket` lays them out in an (N, S)
 buffer, row r holding group-rank r's slices of every parameter side by side: the collective's r-th
 chunk is then exactly rank r's shards, contiguous.
+
+A gradient buffer has one more column per parameter, after the slices: each rank writes 1 there, in every
+row, for each parameter it computed a gradient of. The reduce-scatter that averages the gradients then
+also hands every rank, in its own row, how many ranks used each parameter: who used what travels with
+the gradients instead of in a collective of its own (`ShardedOptimizer` reads it; see `uneven`).
 """
 
 from __future__ import annotations
@@ -59,14 +64,27 @@ class Bucket:
         if full < self.n and flat.numel() > full * s:
             block[full, :flat.numel() - full * s].copy_(flat[full * s:])
 
-    def copy_out(self, buffer: Tensor, k: int, out: Tensor) -> None:
-        """The inverse of `copy_in`: parameter k's block of `buffer` into the tensor `out`."""
+    def copy_out(self, buffer: Tensor, k: int, out: Tensor, skip: int | None = None) -> None:
+        """The inverse of `copy_in`: parameter k's block of `buffer` into the tensor `out`, leaving out
+        row `skip` (the rows this rank updated in place already; None: every row)."""
         block, s, flat = self.rows(buffer, k), self.sizes[k], out.view(-1)
         full = flat.numel() // s
-        if full:
-            flat[:full * s].view(full, s).copy_(block[:full])
-        if full < self.n and flat.numel() > full * s:
+        rows = flat[:full * s].view(full, s)
+        for a, b in [(0, full)] if skip is None else [(0, min(skip, full)), (skip + 1, full)]:
+            if a < b:
+                rows[a:b].copy_(block[a:b])
+        if full < self.n and flat.numel() > full * s and skip != full:
             flat[full * s:].copy_(block[full, :flat.numel() - full * s])
+
+    def grad_buffer(self) -> Tensor:
+        """A zeroed (n, width + len(params)) buffer for the gradients: the slices, then the usage column
+        of every parameter (`mark_used`)."""
+        return torch.zeros(self.n, self.width + len(self.params), dtype=self.dtype,
+                           device=self.params[0].device)
+
+    def mark_used(self, buffer: Tensor, k: int) -> None:
+        """Say, in every row of a gradient buffer, that this rank computed parameter k's gradient."""
+        buffer[:, self.width + k] = 1
 
     def own(self, param: Tensor, k: int, rank: int) -> Tensor:
         """Group-rank `rank`'s rows of parameter k as a *view* of `param` (fewer rows, or none, where the

@@ -31,7 +31,7 @@ def _is_sliced(key: str, value: Any, shard: Tensor) -> bool:
     return isinstance(value, Tensor) and key not in SCALAR_KEYS and value.shape == shard.shape
 
 
-def _groups(opt: Any) -> list[dict[str, Any]]:
+def saved_groups(opt: Any) -> list[dict[str, Any]]:
     """The parameter groups as torch saves them: hyper-parameters, and the parameters' indices."""
     out, start = [], 0
     for g in opt.param_groups:
@@ -60,7 +60,7 @@ def full_state(opt: Any) -> dict[str, Any]:
             whole = torch.empty(opt.n * size, dtype=value.dtype, device=value.device)
             all_gather_single(whole, mine, group=opt.group)
             state[idx][key] = whole[:p.numel()].view(p.shape).clone()
-    return {"state": state, "param_groups": _groups(opt)}
+    return {"state": state, "param_groups": saved_groups(opt)}
 
 
 def sharded_state(opt: Any) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def sharded_state(opt: Any) -> dict[str, Any]:
     inner = opt.optim.state_dict()
     return {"state": {i: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in s.items()}
                       for i, s in inner["state"].items()},
-            "param_groups": _groups(opt), "world_size": opt.n, "rank": opt.rank,
+            "param_groups": saved_groups(opt), "world_size": opt.n, "rank": opt.rank,
             "shapes": [tuple(p.shape) for p in _params(opt)]}
 
 

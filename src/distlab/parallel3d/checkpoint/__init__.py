@@ -9,8 +9,10 @@ One idea per file:
 - `verify`: a missing, truncated or damaged checkpoint, or another model's (a key missing or extra,
   another shape or dtype), refused by name before anything loads; `errors`: `CheckpointError`, and DCP's
   own errors turned into it; `checksums`: the CRC-32 of every chunk, written at save.
-- `zero_state`: ZeRO's flat Adam state to and from one tensor per parameter.
-- `train`: a small dp x tp trainer (chapter 5's ParallelGPT, chapter 7's ZeRO) and its single-process
+- `zero_state`: ZeRO's flat Adam state to and from one tensor per parameter; `sharded_state`: the same
+  for chapter 7's `ShardedOptimizer`, through its state dicts (resumable on another dp size).
+- `train`: a small dp x tp trainer (chapter 5's ParallelGPT, chapter 7's ZeRO engine or
+  `ShardedOptimizer`) and its single-process
   reference, the lab's example; `parity`: resume on other meshes, and the verdict.
 - `cost_model`: steps lost and the checkpoint interval (Young 1974, Daly 2006); `figures`, `exercises`:
   the lab's figure and check.

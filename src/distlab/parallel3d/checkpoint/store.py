@@ -22,7 +22,8 @@ buffer and gives dp-rank i the i-th equal slice; that slice cuts across paramete
 the flat buffer itself is different (it holds other tp slices, other stages' layers). So the state is
 saved per parameter, like the parameters themselves (`zero_state`: gathered over dp at save time,
 re-flattened into the new layout on load). FSDP2 (torch's per-parameter sharding) avoids the
-regrouping by sharding each parameter `Shard(0)` over dp.
+regrouping by sharding each parameter `Shard(0)` over dp, and so does chapter 7's `ShardedOptimizer`,
+whose state dicts go through the same per-parameter keys (`sharded_state`).
 
 `save` writes `<dir>.tmp` and renames it to `<dir>` once DCP has written `.metadata` (its last file), so a
 directory without `.tmp` is a complete checkpoint. Before the rename, each rank checksums its share of

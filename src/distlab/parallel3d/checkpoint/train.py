@@ -2,10 +2,12 @@
 
 It is the lab's small example of a checkpointable trainer, against the same contract as the 3D step
 (`train.Trainer3D`): `checkpoint.ShardedParam`, for every local parameter its dense GPT name, its local
-tensor and how it is split over tp (`model.tp_split`), and Adam's state per parameter
-(`checkpoint.zero_state`). The data are random tokens cut by `distlab.sharding` (the global batch of step t is
-a function of the seed and t alone), so "where in the data are we" is the step number and nothing else
-has to be saved for it.
+tensor and how it is split over tp (`model.tp_split`), and Adam's state per parameter. The optimizer is
+chapter 7's ZeRO in one of its two forms (`TrainConfig.optimizer`): the engine with its own Adam
+(`"engine"`, state through `checkpoint.zero_state`), or `ShardedOptimizer` around `torch.optim.Adam`
+(`"sharded"`, state through its state dicts, `checkpoint.sharded_state`). The data are random tokens
+cut by `distlab.sharding` (the global batch of step t is a function of the seed and t alone), so "where
+in the data are we" is the step number and nothing else has to be saved for it.
 
 Every mesh trains the same dense model on the same global batch: the dp ranks average their gradients
 (ZeRO's reduce-scatter), the tp ranks hold slices of each matrix (Shoeybi et al. 2019, sec. 3). So the
@@ -21,13 +23,16 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
-from distlab.memory.zero import ZeRO
+from distlab.memory.zero import ShardedOptimizer, ZeRO
 from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint.contract import ShardedParam
+from distlab.parallel3d.checkpoint.sharded_state import load_sharded_optimizer_state, sharded_optimizer_state
 from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
 from distlab.parallel3d.model import tp_split
 from distlab.sharding import batch_indices, shard
 from distlab.tensor_parallel.model import ParallelGPT
+
+OPTIMIZERS = ("engine", "sharded")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,12 @@ class TrainConfig:
     lr: float = 1e-2
     zero_stage: int = 2
     seed: int = 0
+    optimizer: str = "engine"  # chapter 7's ZeRO engine, or "sharded": ShardedOptimizer(torch.optim.Adam)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} is unknown; choose 'engine' (chapter 7's ZeRO "
+                             "with its own Adam) or 'sharded' (ShardedOptimizer around torch.optim.Adam)")
 
     def gpt(self) -> GPTConfig:
         return GPTConfig(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
@@ -83,7 +94,13 @@ class Trainer:
         self.dp, self.dp_rank = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
         device = device or torch.device("cpu")  # on NCCL: this rank's GPU (launch.device())
         self.model = ParallelGPT.from_dense(dense_model(cfg).to(device), group=self.tp_group)
-        self.zero = ZeRO(self.model, cfg.zero_stage, group=self.dp_group, lr=cfg.lr)
+        self.zero: ZeRO | None = None
+        self.opt: ShardedOptimizer | None = None
+        if cfg.optimizer == "sharded":
+            self.opt = ShardedOptimizer(self.model.named_parameters(), torch.optim.Adam, group=self.dp_group,
+                                        stage=cfg.zero_stage, lr=cfg.lr)
+        else:
+            self.zero = ZeRO(self.model, cfg.zero_stage, group=self.dp_group, lr=cfg.lr)
         self.data = dataset(cfg).to(device)
         self.step = 0
 
@@ -93,8 +110,9 @@ class Trainer:
         part = shard(self.cfg.batch_size, self.dp_rank, self.dp)
         _, loss = self.model(x[part], y[part])
         loss.backward()
-        self.zero.step()
-        self.zero.zero_grad()
+        optimizer = self.opt or self.zero
+        optimizer.step()
+        optimizer.zero_grad()
         self.step += 1
         total = loss.detach().clone()
         dist.all_reduce(total, group=self.dp_group)
@@ -105,16 +123,27 @@ class Trainer:
         return [ShardedParam(name, p.data, *tp_split(name)) for name, p in self.model.named_parameters()]
 
     def optimizer_state(self) -> dict[str, list[ShardedParam]]:
-        """Adam's exp_avg and exp_avg_sq per parameter, gathered over dp from ZeRO's flat shards."""
+        """Adam's exp_avg and exp_avg_sq per parameter, whole over dp (from the engine's flat shards, or
+        the sharded optimizer's state dict)."""
+        if self.opt is not None:
+            return sharded_optimizer_state(self.opt, self.model, self.params())
         return zero_state(self.zero, self.model, self.params())
 
     def load_optimizer_state(self, state: dict[str, dict[str, Tensor]], steps: int) -> None:
-        """Put per-parameter state (local tp shards, by dense name) back into ZeRO's flat dp shards."""
-        load_zero_state(self.zero, self.model, state, steps)
+        """Put per-parameter state (local tp shards, by dense name) back into this dp size's shards."""
+        if self.opt is not None:
+            load_sharded_optimizer_state(self.opt, self.model, state, steps)
+        else:
+            load_zero_state(self.zero, self.model, state, steps)
 
 
 def reference_losses(cfg: TrainConfig, steps: int) -> list[float]:
     """The single-process reference: the dense GPT with `torch.optim.Adam` on the whole global batch."""
+    return reference_run(cfg, steps)[0]
+
+
+def reference_run(cfg: TrainConfig, steps: int) -> tuple[list[float], dict[str, Tensor]]:
+    """`reference_losses`, and the dense parameters after the last step (by name)."""
     model, data = dense_model(cfg), dataset(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = []
@@ -125,4 +154,4 @@ def reference_losses(cfg: TrainConfig, steps: int) -> list[float]:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
