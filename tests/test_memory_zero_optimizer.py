@@ -182,10 +182,10 @@ def _accumulate(model: nn.Module, opt, task) -> None:
 def _during_backward() -> dict:
     """Stage 1: the averaged slices are there when backward() returns (reduced from the hooks, as DDP
     does), `p.grad` is still this rank's own; changing `p.grad` afterwards is refused, not lost."""
-    task = zero_parity.mlp_task()
-    model = task.build()
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
     opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=1, lr=0.1, bucket_numel=64)
-    x, y = task.batch(0)
+    x, y = task.batch(0, zero_parity.GLOBAL_BATCH, zero_parity.SEED)
     mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
     task.loss(model, x[mine], y[mine]).backward()
     out = {"ready": all(opt.grad_shard(p) is not None for p in model.parameters()),
@@ -360,9 +360,9 @@ def test_state_dicts_whole_sharded_and_on_another_dp_size() -> None:
 
 
 def test_stage1_reduces_during_the_backward_and_refuses_a_gradient_changed_afterwards() -> None:
-    task = zero_parity.mlp_task()
-    model = task.build()
-    x, y = task.batch(0)
+    task = zero_parity.zero_task("mlp")
+    model = task.build(zero_parity.SEED)
+    x, y = task.batch(0, zero_parity.GLOBAL_BATCH, zero_parity.SEED)
     for r, res in enumerate(_ranks(2)):
         got = res["during_backward"]
         assert got["buckets"] > 1 and got["ready"], r  # several buckets, all reduced by backward()'s end
