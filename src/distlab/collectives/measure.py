@@ -1,17 +1,17 @@
 """The measurement loop of the benchmark, inside every rank: one call per implementation, timed in blocks.
 
 For each collective and size, `run_benchmark` builds one call per implementation with its buffers
-allocated once (ours from `ALGORITHMS`, and the built-in, named "torch"), warms each up, then times them
-in blocks of `iters` calls with a barrier before each block, interleaved in rotating order so that machine
-noise hits them alike. The time of a block is the slowest rank's (or the mean, as nccl-tests' `-a 1`), and
-a row holds the median over `repeats` blocks, with algbw and busbw as nccl-tests defines them (`busbw.py`).
+allocated once (ours from `ALGORITHMS`, and the built-in, named "torch"), and times them with the course's
+one timing loop (`distlab.timing.time_interleaved`): each warmed up, then in blocks of `iters` calls with a
+barrier before each block, interleaved in rotating order so that machine noise hits them alike. The time
+of a block is the slowest rank's (or the mean, as nccl-tests' `-a 1`), and a row holds the median over
+`repeats` blocks, with algbw and busbw as nccl-tests defines them (`busbw.py`).
 `bench.py` starts the ranks that run this, from a notebook or the command line.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +24,7 @@ from distlab import launch
 from distlab.collectives.algorithms import ALGORITHMS
 from distlab.collectives.busbw import BUILTIN, COLLECTIVES, Row, busbw_factor, format_table
 from distlab.dist_compat import all_gather_single, reduce_scatter_single
+from distlab.timing import time_interleaved
 
 # Collectives whose size is split evenly over the ranks: nccl-tests rounds the count down to a multiple of p.
 _SPLIT = ("reduce_scatter", "all_gather", "all_to_all", "scatter", "gather")
@@ -171,8 +172,8 @@ def run_benchmark(collectives: Sequence[str], sizes: Sequence[int],
             count = _element_count(collective, size, itemsize, p)
             calls = [_make_call(collective, impl, count, torch_dtype, q, group) for impl in plan[collective]]
             n_iter = _auto_iters(count * itemsize, iters)
-            times = _time_calls(calls, n_iter, warmup if warmup is not None else min(5, n_iter), repeats,
-                                over_ranks, group)
+            times = time_interleaved(calls, n_iter, repeats, group=group, over_ranks=over_ranks,
+                                     warmup=warmup if warmup is not None else min(5, n_iter))
             new = [_row(collective, impl, p, count, itemsize, dtype, float(times[:, j].median()))
                    for j, impl in enumerate(plan[collective])]
             rows += new
@@ -196,34 +197,6 @@ def _report(new: list[Row], done: str, echo: bool, progress_path: str | None) ->
     if progress_path:
         with open(progress_path, "a") as f:
             f.write(f"{done}\n")
-
-
-def _time_calls(calls: list[Callable[[], object]], n_iter: int, warmup: int, repeats: int, over_ranks: str,
-                group: ProcessGroup | None) -> torch.Tensor:
-    """times[rep, j]: seconds per call of calls[j] in block `rep`, the slowest rank's (or the mean).
-
-    Each call is warmed up, then timed in blocks of n_iter calls after a barrier, the implementations
-    interleaved with who goes first rotating, so that machine noise hits them alike."""
-    dev = launch.device()
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    for call in calls:
-        for _ in range(warmup):
-            call()
-    sync()
-    times = torch.zeros(repeats, len(calls), dtype=torch.float64)
-    for rep in range(repeats):
-        for k in range(len(calls)):
-            j = (k + rep) % len(calls)  # rotate who goes first
-            dist.barrier(group=group)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n_iter):
-                calls[j]()
-            sync()
-            times[rep, j] = (time.perf_counter() - t0) / n_iter
-    times = times.to(dev)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX if over_ranks == "max" else dist.ReduceOp.SUM, group=group)
-    return times.cpu() / (1 if over_ranks == "max" else dist.get_world_size(group))
 
 
 def _row(collective: str, impl: str, p: int, count: int, itemsize: int, dtype: str, seconds: float) -> Row:

@@ -4,11 +4,11 @@
 `bench_task()`, a GPT of 3.2 million parameters in 52 tensors, so that the all-reduce of its gradients
 costs about as much as its computation on a CPU, and bucketing matters), and times blocks of `steps`
 training steps of each, in rotating order over `rounds` rounds, so that noise on the machine hits every
-strategy alike. The strategies are ours from `sync`, "ddp" (PyTorch's DistributedDataParallel with the
-same bucket cap, Li et al. 2020, "PyTorch Distributed", VLDB 13(12)) and "compute" (the same step with
-no communication at all, the ideal).
-A block's time is the slowest rank's; a result is the median over rounds. The last step of each of our
-strategies is also recorded as a `StepTimeline`.
+strategy alike (the course's one timing loop, `distlab.timing.time_interleaved`). The strategies are
+ours from `sync`, "ddp" (PyTorch's DistributedDataParallel with the same bucket cap, Li et al. 2020,
+"PyTorch Distributed", VLDB 13(12)) and "compute" (the same step with no communication at all, the
+ideal). A block's time is the slowest rank's; a result is the median over rounds. The last step of
+each of our strategies is also recorded as a `StepTimeline`.
 
 Each rank gets `threads` threads (default 1): a rank stands for one device, as one GPU would. The
 benchmark runs in a process group `group` (None: the whole world), like the training loop.
@@ -19,16 +19,17 @@ scaling figure put beside the measurement. The command line is `python -m distla
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from distlab import launch, sharding
+from distlab import launch, sharding, timing
 from distlab.data_parallel.buckets import check_bucket_bytes
 from distlab.data_parallel.sync import group_size_and_rank, make_strategy
 from distlab.data_parallel.timeline import StepTimeline
@@ -37,6 +38,7 @@ from distlab.reference import SGD, Task, gpt_task
 
 BENCH_BUCKET_BYTES = 4 << 20  # fewer, larger messages suit a CPU, where overlap shares the cores
 ALL_STRATEGIES = ("per_parameter", "bucketed", "overlapped", "ddp", "compute")
+WARMUP = 2  # untimed steps of each strategy: allocations, first calls, DDP's bucket rebuild after step 1
 
 
 @dataclass(frozen=True)
@@ -136,26 +138,19 @@ def measure(strategies: Sequence[str] = ALL_STRATEGIES, per_rank_batch: int = 2,
     mine = sharding.shard(p * per_rank_batch, rank, p)  # this rank's examples, the same every step
     x, y = task.inputs[mine].to(dev), task.targets[mine].to(dev)
     runners = [_Runner(s, task, bucket_bytes, dev, group) for s in strategies]
-    for r in runners:  # warm-up: allocations, first-call costs, DDP's bucket rebuild after step 1
-        for _ in range(2):
-            r.step(x, y)
-    times: dict[str, list[float]] = {s: [] for s in strategies}
-    for k in range(rounds):
-        for j in range(len(runners)):
-            r = runners[(j + k) % len(runners)]
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for i in range(steps):
-                r.step(x, y, record=(k == rounds - 1 and i == steps - 1))
-            _sync_device(dev)
-            block = torch.tensor([(time.perf_counter() - t0) / steps], dtype=torch.float64, device=dev)
-            dist.all_reduce(block, op=dist.ReduceOp.MAX, group=group)
-            times[r.strategy].append(block.item())
+    last = WARMUP + rounds * steps  # each runner's last step, the one whose timeline is recorded
+
+    def step_of(r: _Runner) -> Callable[[], None]:
+        count = itertools.count(1)
+        return lambda: r.step(x, y, record=next(count) == last)
+
+    times = timing.time_interleaved([step_of(r) for r in runners], steps, rounds, warmup=WARMUP, group=group,
+                                    device=dev)
     for r in runners:
         if r.sync is not None:
             r.sync.close()
-    return [Result(r.strategy, p, per_rank_batch, statistics.median(times[r.strategy]), r.timeline)
-            for r in runners]
+    return [Result(r.strategy, p, per_rank_batch, statistics.median(times[:, j].tolist()), r.timeline)
+            for j, r in enumerate(runners)]
 
 
 def benchmark(world_sizes: Sequence[int] = (1, 2, 3, 4), strategies: Sequence[str] = ALL_STRATEGIES,

@@ -17,7 +17,8 @@ trains the chapter's task with one of them, for the loss comparison in the tests
 
 `measure_rounds` runs inside the ranks: after two warm-up steps of each contender (first calls, DDP's
 bucket rebuild), it times blocks of `steps` steps of ours and theirs side by side, in rotating order over
-`rounds`, so that load on the machine hits every contender alike; a block's time is the slowest rank's.
+`rounds`, so that load on the machine hits every contender alike; a block's time is the slowest rank's
+(the course's one timing loop, `distlab.timing.time_interleaved`).
 `measure` gives the median over rounds; `paired_ratios` ours / theirs in steps per second (above 1: ours
 is faster) round by round, whose median and spread the command line prints. From a shell:
 
@@ -27,8 +28,8 @@ is faster) round by round, whose median and spread the command line prints. From
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import time
 from collections.abc import Sequence
 
 import torch
@@ -44,6 +45,7 @@ from distlab.memory.zero import ShardedOptimizer, ZeRO, default_units
 from distlab.memory.zero.fsdp import fully_shard as zero_fully_shard
 from distlab.memory.zero.parity import GLOBAL_BATCH, LR, SEED, RunResult, group_mean, zero_task
 from distlab.reference import Task
+from distlab.timing import time_interleaved
 
 CONTENDERS = ("zero1", "sharded1", "sharded2", "zero_redundancy", "zero3", "sharded3", "fsdp2")
 PAIRS = {"zero1": "zero_redundancy", "sharded1": "zero_redundancy", "sharded2": "zero_redundancy",
@@ -125,21 +127,9 @@ def measure_rounds(kinds: Sequence[str] = CONTENDERS, steps: int = 3, rounds: in
     task = task or bench_task()
     x, y = _my_batch(task, 0, group)
     runners = [_Runner(k, task, group) for k in kinds]
-    for r in runners:
-        for _ in range(WARMUP):
-            r.step(x, y)
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for k in range(rounds):
-        for j in range(len(runners)):
-            r = runners[(j + k) % len(runners)]
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                r.step(x, y)
-            block = torch.tensor([(time.perf_counter() - t0) / steps], dtype=torch.float64)
-            dist.all_reduce(block, op=dist.ReduceOp.MAX, group=group)
-            times[r.kind].append(block.item())
-    return times
+    times = time_interleaved([functools.partial(r.step, x, y) for r in runners], steps, rounds, warmup=WARMUP,
+                             group=group, device=torch.device("cpu"))  # every contender runs on the CPU
+    return {r.kind: times[:, j].tolist() for j, r in enumerate(runners)}
 
 
 def _measure_sized(kinds: Sequence[str], steps: int, rounds: int, n_layer: int,

@@ -3,7 +3,8 @@
 - `engine`: `ZeRO(model, stage, group=)`, stages 0-3 with the chapter's own Adam, the readable version;
   `units`: how it cuts the model into units (`default_units`) and each unit's buffers per stage.
 - `optimizer`: `ShardedOptimizer(params, torch.optim.AdamW, group=, stage=1|2, lr=...)`, stages 1-2
-  around any element-wise torch optimizer, with parameter groups, visible gradients and clipping.
+  around any element-wise torch optimizer, with parameter groups, visible gradients and clipping;
+  `reduce`: its gradient reduction (`GradientReducer`), each bucket reduce-scattered from backward hooks.
 - `fsdp`: `fully_shard(module, group=, mp_policy=)`, stage 3 per module as FSDP2 does it, after which
   any optimizer takes `model.parameters()`; `clip_grad_norm_`, `full_parameters` and the optimizer's
   state for such a model. `fsdp_unit`: one sharded module and its hooks around forward and backward.

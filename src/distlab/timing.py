@@ -1,0 +1,71 @@
+"""The course's one timing loop: ours and the built-in, timed side by side in the same run.
+
+Benchmarks in this course compare against the built-in in the same run and report ratios, never a
+time measured on its own: on a shared machine the load changes from minute to minute, and only what
+was timed under the same load compares. `time_interleaved` runs inside every rank of `group`:
+
+- warm-up: `warmup` untimed calls of each contender, one after the other (allocations, first-call
+  costs, DDP's bucket rebuild after its first step);
+- `rounds` rounds; in each, every contender runs one block of `per_block` calls, after a barrier, and
+  who goes first rotates from round to round (round k starts with contender k mod n), so that a burst
+  of load hits each contender alike;
+- a block's time per call is the slowest rank's (a collective, or a step, is done when every rank is
+  done), or the mean over ranks as nccl-tests' `-a 1` does; one all-reduce after the last round.
+
+It returns every block's time, `times[round, j]`: the caller takes medians over the rounds, and ratios
+of two contenders either of the medians or round by round (both timed within one round, under the same
+load). The collectives' benchmark (`collectives.measure`), data parallelism's (`data_parallel.bench`)
+and ZeRO's (`memory.bench`) use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from distlab import launch
+
+OVER_RANKS = ("max", "mean")
+
+
+def check_timing(per_block: int, rounds: int, warmup: int, over_ranks: str = "max") -> None:
+    """Raise a ValueError naming the first bad setting of `time_interleaved` and what to pass instead."""
+    for name, value, least in (("per_block", per_block, 1), ("rounds", rounds, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}, e.g. {name}={least + 2}")
+    if over_ranks not in OVER_RANKS:
+        raise ValueError(f"over_ranks={over_ranks!r} is unknown; choose 'max' (the slowest rank) or 'mean'")
+
+
+def time_interleaved(calls: Sequence[Callable[[], object]], per_block: int, rounds: int, *, warmup: int,
+                     group: dist.ProcessGroup | None = None, over_ranks: str = "max",
+                     device: torch.device | None = None) -> torch.Tensor:
+    """Inside every rank of `group`: `times[round, j]`, seconds per call of `calls[j]` in its block of
+    `per_block` calls in round `round`, the slowest rank's (`over_ranks="max"`) or the mean over ranks
+    (see the module docstring). `device`: the contenders' device, synchronised around each block (a
+    GPU's work is asynchronous) and where the times are reduced (default `launch.device()`). Every
+    rank returns the same float64 tensor, on the CPU."""
+    check_timing(per_block, rounds, warmup, over_ranks)
+    dev = device if device is not None else launch.device()
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for call in calls:
+        for _ in range(warmup):
+            call()
+    sync()
+    times = torch.zeros(rounds, len(calls), dtype=torch.float64)
+    for k in range(rounds):
+        for i in range(len(calls)):
+            j = (i + k) % len(calls)  # rotate who goes first
+            dist.barrier(group=group)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(per_block):
+                calls[j]()
+            sync()
+            times[k, j] = (time.perf_counter() - t0) / per_block
+    times = times.to(dev)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX if over_ranks == "max" else dist.ReduceOp.SUM, group=group)
+    return times.cpu() / (1 if over_ranks == "max" else dist.get_world_size(group))
