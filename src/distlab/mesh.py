@@ -45,28 +45,44 @@ DP_SPLIT = ("dp_replicate", "dp_shard")
 def _sizes(axes: dict[str, int | None], world_size: int | None) -> dict[str, int]:
     """The axes that were given, in AXIS_ORDER, checked; no axis given means dp = the whole world."""
     split = [a for a in DP_SPLIT if axes.get(a) is not None]
+    _check_dp_split(axes, split)
+    order = [n for a in AXIS_ORDER for n in (DP_SPLIT if a == "dp" and split else (a,))]
+    chosen = {name: axes[name] for name in order if axes.get(name) is not None}
+    _check_positive(chosen)
+    if not chosen:
+        if world_size is None:
+            raise ValueError("name at least one axis, e.g. layout(dp=2, tp=2)")
+        chosen = {"dp": world_size}
+    if world_size is not None:
+        _check_product(chosen, world_size)
+    return chosen
+
+
+def _check_dp_split(axes: dict[str, int | None], split: list[str]) -> None:
+    """HSDP's two dp axes come together and instead of dp."""
     if split and axes.get("dp") is not None:
         raise ValueError(f"dp={axes['dp']} and {split[0]}={axes[split[0]]} both given; dp_replicate x "
                          "dp_shard is the dp axis split in two (HSDP): give dp, or both of them")
     if split and len(split) == 1:
         raise ValueError(f"{split[0]}={axes[split[0]]} given alone; HSDP needs both dp_replicate= and "
                          "dp_shard= (use 1 for the one you do not split over)")
-    order = [n for a in AXIS_ORDER for n in (DP_SPLIT if a == "dp" and split else (a,))]
-    chosen = {name: axes[name] for name in order if axes.get(name) is not None}
+
+
+def _check_positive(chosen: dict[str, int]) -> None:
+    """Every axis size given is a positive integer."""
     for name, size in chosen.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name}={size!r} must be a positive integer (the number of ranks along the "
                              f"{name} axis); use {name}=1 to keep the axis without splitting over it")
-    if not chosen:
-        if world_size is None:
-            raise ValueError("name at least one axis, e.g. layout(dp=2, tp=2)")
-        chosen = {"dp": world_size}
-    if world_size is not None and math.prod(chosen.values()) != world_size:
+
+
+def _check_product(chosen: dict[str, int], world_size: int) -> None:
+    """The axis sizes multiply to the job's world size."""
+    if math.prod(chosen.values()) != world_size:
         given = ", ".join(f"{n}={s}" for n, s in chosen.items())
         product = " x ".join(str(s) for s in chosen.values())
         raise ValueError(f"grid({given}) needs {product} = {math.prod(chosen.values())} ranks, but the job "
                          f"has world_size={world_size}; choose axis sizes whose product is {world_size}")
-    return chosen
 
 
 def group_size(group: dist.ProcessGroup | None = None) -> int:

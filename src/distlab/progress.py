@@ -113,25 +113,34 @@ def report(lab: str | None = None, labs: Path = LABS) -> str:
     done = load(path)
     table = lab_exercises(labs)
     if lab is not None:
-        picked = {k: v for k, v in table.items() if k == lab or k.split("_")[0] == lab}
-        if not picked:
-            raise ValueError(f"lab={lab!r} is not a lab of this course; use its number, e.g. '04' "
-                             f"(labs: {', '.join(k.split('_')[0] for k in table) or 'none found'})")
-        table = picked
+        table = _pick_lab(table, lab)
     lines = []
     for name, checks in table.items():
-        if not checks:
-            continue
-        verdicts = [done.get(c, NOT_RUN) for c in checks]
-        passed = sum(v == PASS for v in verdicts)
-        number, _, topic = name.partition("_")
-        lines.append(f"lab {number} ({topic.replace('_', ' ')}): {passed} of {len(checks)} exercises pass")
-        width = max(len(c) for c in checks)
-        lines += [f"  {c:<{width}}  {v}" for c, v in zip(checks, verdicts, strict=True)]
+        if checks:
+            lines += _lab_lines(name, checks, done)
     if lab is None:
         lines.append(f"(recorded in ~/{path.relative_to(Path.home())})" if path.is_relative_to(Path.home())
                      else f"(recorded in {ENV})")
     return "\n".join(lines)
+
+
+def _pick_lab(table: dict[str, list[str]], lab: str) -> dict[str, list[str]]:
+    """The entry of lab `lab` ("04" or "04_pipeline"); a ValueError listing the labs if there is none."""
+    picked = {k: v for k, v in table.items() if k == lab or k.split("_")[0] == lab}
+    if not picked:
+        raise ValueError(f"lab={lab!r} is not a lab of this course; use its number, e.g. '04' "
+                         f"(labs: {', '.join(k.split('_')[0] for k in table) or 'none found'})")
+    return picked
+
+
+def _lab_lines(name: str, checks: list[str], done: dict[str, str]) -> list[str]:
+    """One lab: how many of its exercises pass, then each exercise and its latest verdict."""
+    verdicts = [done.get(c, NOT_RUN) for c in checks]
+    passed = sum(v == PASS for v in verdicts)
+    number, _, topic = name.partition("_")
+    lines = [f"lab {number} ({topic.replace('_', ' ')}): {passed} of {len(checks)} exercises pass"]
+    width = max(len(c) for c in checks)
+    return lines + [f"  {c:<{width}}  {v}" for c, v in zip(checks, verdicts, strict=True)]
 
 
 def show(lab: str) -> None:

@@ -163,34 +163,65 @@ def simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batch
 
 def _simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batch: int, seed: int,
               dtype: torch.dtype) -> list[ReplicaRun]:
+    """The reference, top to bottom: R models and their inner optimizers; the fragments and when each is
+    synchronized; every step, each replica's backward on its shard, the inner steps (after averaging the
+    gradients for dp), then the outer step of each fragment that is due."""
     models = [task.build(seed).to(dtype) for _ in range(replicas)]
     inners = [inner_optimizer(recipe, list(m.parameters())) for m in models]
     names = [n for n, _ in models[0].named_parameters()]
-    k = recipe.fragments if recipe.method == "streaming" else 1
-    fragments = layer_fragments(models[0], k) if k > 1 else [names]
-    offsets = sync_offsets(recipe.sync_every, k)
+    fragments, offsets = _fragments(recipe, models[0], names)
     global_params = [{n: q.detach().clone() for n, q in models[0].named_parameters() if n in f}
                      for f in fragments]
     buffers: list[dict[str, Tensor]] = [{} for _ in fragments]
     losses: list[list[float]] = [[] for _ in range(replicas)]
     last: dict[str, Tensor] = {}
     for s in range(steps):
-        x, y = task.batch(s, global_batch, seed)
-        for r, (model, inner) in enumerate(zip(models, inners, strict=True)):
-            mine = sharding.shard(len(x), r, replicas)
-            inner.zero_grad(set_to_none=True)
-            loss = task.loss(model, x[mine], y[mine])
-            loss.backward()
-            losses[r].append(loss.item())
+        _backward_on_shards(task, models, inners, s, global_batch, seed, losses)
         if recipe.method == "dp":
             _average_gradients(models)
         for inner in inners:
             inner.step()
-        if recipe.method == "dp":
-            continue
-        for f, offset in enumerate(offsets):
-            if (s + 1) % recipe.sync_every == offset % recipe.sync_every:
-                last |= _sync_fragment(recipe, models, global_params[f], buffers[f])
+        if recipe.method != "dp":
+            last |= _outer_steps(recipe, s, offsets, models, global_params, buffers)
+    return _runs(models, losses, names, last)
+
+
+def _fragments(recipe: Recipe, model: nn.Module, names: list[str]) -> tuple[list[list[str]], list[int]]:
+    """The parameter names of each fragment (Streaming DiLoCo's K; one fragment of all names otherwise)
+    and the step offset at which each is synchronized."""
+    k = recipe.fragments if recipe.method == "streaming" else 1
+    fragments = layer_fragments(model, k) if k > 1 else [names]
+    return fragments, sync_offsets(recipe.sync_every, k)
+
+
+def _backward_on_shards(task: Task, models: list[nn.Module], inners: list[Optimizer], s: int,
+                        global_batch: int, seed: int, losses: list[list[float]]) -> None:
+    """Step s's forward and backward of every replica r on its shard of the global batch; appends each
+    replica's loss to losses[r]."""
+    x, y = task.batch(s, global_batch, seed)
+    for r, (model, inner) in enumerate(zip(models, inners, strict=True)):
+        mine = sharding.shard(len(x), r, len(models))
+        inner.zero_grad(set_to_none=True)
+        loss = task.loss(model, x[mine], y[mine])
+        loss.backward()
+        losses[r].append(loss.item())
+
+
+def _outer_steps(recipe: Recipe, s: int, offsets: list[int], models: list[nn.Module],
+                 global_params: list[dict[str, Tensor]],
+                 buffers: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """After step s: the outer step of every fragment f that is due ((s + 1) = offset_f mod H); the
+    averaged pseudo-gradients of those fragments."""
+    synced: dict[str, Tensor] = {}
+    for f, offset in enumerate(offsets):
+        if (s + 1) % recipe.sync_every == offset % recipe.sync_every:
+            synced |= _sync_fragment(recipe, models, global_params[f], buffers[f])
+    return synced
+
+
+def _runs(models: list[nn.Module], losses: list[list[float]], names: list[str],
+          last: dict[str, Tensor]) -> list[ReplicaRun]:
+    """Each replica's run: its losses, its final parameters and the last averaged pseudo-gradients."""
     runs = [ReplicaRun(losses[r], {n: q.detach().clone() for n, q in m.named_parameters()})
             for r, m in enumerate(models)]
     for run in runs:

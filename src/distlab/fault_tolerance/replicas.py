@@ -27,12 +27,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from distlab import launch, reference
 from distlab.fault_tolerance import heal
 from distlab.fault_tolerance.parity import LR, MOMENTUM
-from distlab.fault_tolerance.quorum import QuorumClient, check_quorum_config, connect
+from distlab.fault_tolerance.quorum import Quorum, QuorumClient, check_quorum_config, connect
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,7 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     model = task.build(c.seed)
     optimizer = reference.SGD(model.parameters(), LR, momentum=MOMENTUM)
     if joiner:  # a slot that starts later: wait until the others have done join-step steps
-        while int(store.add("progress", 0)) < c.join[1]:
-            time.sleep(0.005)
+        _wait_for_progress(store, c.join[1])
     client = QuorumClient(store, beat, me, c.replicas, c.min_replicas, c.heartbeat_interval,
                           c.heartbeat_timeout, c.join_timeout)
     starting = tuple(r for r in range(c.replicas) if not (c.join and r == c.join[0]))
@@ -128,34 +128,17 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
         if me not in q.members:
             round_, expected = client.next_round(), ()
             continue
-        dropped = expected and set(expected) - set(q.members)
-        if dropped and log.detect_s is None and store.check(["killed_at"]):
-            log.detect_s = time.time() - float(store.get("killed_at"))
+        _note_detection(log, store, expected, q.members)
         if q.quorum_id not in groups:
             groups = {q.quorum_id: heal.make_group(store, q, me, c.collective_timeout)}
         pg = groups[q.quorum_id]
-        if me in q.behind:
-            step = heal.recv_state(pg, q, model, optimizer)
-            log.heal_s = time.monotonic() - asked
-        elif me == q.source and q.behind:
-            log.heal_bytes += heal.send_state(pg, q, model, optimizer, step)
+        step = _heal_or_send(pg, q, me, model, optimizer, step, log, asked)
         began = time.monotonic()
-        x, y = task.batch(step, c.replicas * c.per_replica, c.seed)
-        rows = slice(me * c.per_replica, (me + 1) * c.per_replica)
-        optimizer.zero_grad()
-        loss = task.loss(model, x[rows], y[rows])
-        loss.backward()
-        if c.kill == (me, step):
-            store.set("killed_at", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
+        loss = _backward_on_slice(task, c, me, step, model, optimizer)
+        _kill_if_due(c, me, step, store)
         ok = _gradient_average(pg, model, loss, len(q.members))
         if client.should_commit(q, ok):
-            optimizer.step()
-            log.losses[step], log.members[step] = loss.item(), q.members
-            log.step_s.append(time.monotonic() - began)
-            step += 1
-            if me == q.source:
-                store.set("progress", str(step))
+            step = _commit(q, me, step, optimizer, loss, log, began, store)
         else:
             log.failed_rounds.append(q.round)
             groups = {}  # a group whose collective failed is not used again
@@ -163,6 +146,64 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     client.close()
     log.params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return log
+
+
+def _wait_for_progress(store: dist.Store, steps: int) -> None:
+    """Block until the quorum's source has published that `steps` steps are done."""
+    while int(store.add("progress", 0)) < steps:
+        time.sleep(0.005)
+
+
+def _note_detection(log: ReplicaLog, store: dist.Store, expected: tuple[int, ...],
+                    members: tuple[int, ...]) -> None:
+    """The first time a quorum lacks an expected member: the seconds since the kill (its time is in
+    the store)."""
+    dropped = expected and set(expected) - set(members)
+    if dropped and log.detect_s is None and store.check(["killed_at"]):
+        log.detect_s = time.time() - float(store.get("killed_at"))
+
+
+def _heal_or_send(pg: dist.ProcessGroup, q: Quorum, me: int, model: nn.Module, optimizer: reference.SGD,
+                  step: int, log: ReplicaLog, asked: float) -> int:
+    """A replica behind the quorum receives the source's state (and its step); the source sends it. The
+    step this replica trains next."""
+    if me in q.behind:
+        step = heal.recv_state(pg, q, model, optimizer)
+        log.heal_s = time.monotonic() - asked
+    elif me == q.source and q.behind:
+        log.heal_bytes += heal.send_state(pg, q, model, optimizer, step)
+    return step
+
+
+def _backward_on_slice(task: reference.Task, c: ReplicaConfig, me: int, step: int, model: nn.Module,
+                       optimizer: reference.SGD) -> torch.Tensor:
+    """This replica's rows of the step's batch: forward, backward; the loss on them."""
+    x, y = task.batch(step, c.replicas * c.per_replica, c.seed)
+    rows = slice(me * c.per_replica, (me + 1) * c.per_replica)
+    optimizer.zero_grad()
+    loss = task.loss(model, x[rows], y[rows])
+    loss.backward()
+    return loss
+
+
+def _kill_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
+    """config.kill's replica dies at its step, after its backward (the time goes to the store)."""
+    if c.kill == (me, step):
+        store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
+
+
+def _commit(q: Quorum, me: int, step: int, optimizer: reference.SGD, loss: torch.Tensor, log: ReplicaLog,
+            began: float, store: dist.Store) -> int:
+    """Every member voted ok: apply the step, log it, and (the source) publish the progress. The next
+    step."""
+    optimizer.step()
+    log.losses[step], log.members[step] = loss.item(), q.members
+    log.step_s.append(time.monotonic() - began)
+    step += 1
+    if me == q.source:
+        store.set("progress", str(step))
+    return step
 
 
 def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0

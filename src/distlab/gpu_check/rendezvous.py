@@ -144,25 +144,46 @@ def check(program: Program, run: bool = True) -> list[Finding]:
     partners, findings = _match(steps)
     if findings or not run:
         return findings  # a program whose messages do not pair up has no meaningful run
+    return _rendezvous(steps, partners)
+
+
+def _rendezvous(steps: list[list[tuple[Op, ...]]], partners: dict) -> list[Finding]:
+    """Run the ranks in rounds: every op posted on all its sides completes, then every rank whose step has
+    completed moves on; a round in which no rank moves is a deadlock."""
     pos, done = [0] * len(steps), set()
     while any(pos[r] < len(steps[r]) for r in range(len(steps))):
-        moved = False
-        for r, mine in enumerate(steps):
-            if pos[r] == len(mine):
-                continue
-            for i in range(len(mine[pos[r]])):
-                w = (r, pos[r], i)
-                if w not in done and all(pos[o[0]] == o[1] for o in partners[w]):
-                    done.update([w, *partners[w]])  # posted on every side: completes everywhere
-        for r, mine in enumerate(steps):
-            if pos[r] < len(mine) and all((r, pos[r], i) in done for i in range(len(mine[pos[r]]))):
-                pos[r], moved = pos[r] + 1, True
-        if not moved:
-            waits = [f"rank {r} at step {pos[r]} waits in {' + '.join(map(str, mine[pos[r]]))}"
-                     for r, mine in enumerate(steps) if pos[r] < len(mine)]
-            return [Finding("deadlock", "deadlock under rendezvous semantics (a send waits for its receive): "
-                            + "; ".join(waits))]
+        _complete_posted(steps, pos, partners, done)
+        if not _advance(steps, pos, done):
+            return [_deadlock(steps, pos)]
     return []
+
+
+def _complete_posted(steps: list[list[tuple[Op, ...]]], pos: list[int], partners: dict, done: set) -> None:
+    """Mark done every op of a rank's current step whose partners are all at their own (posted)."""
+    for r, mine in enumerate(steps):
+        if pos[r] == len(mine):
+            continue
+        for i in range(len(mine[pos[r]])):
+            w = (r, pos[r], i)
+            if w not in done and all(pos[o[0]] == o[1] for o in partners[w]):
+                done.update([w, *partners[w]])  # posted on every side: completes everywhere
+
+
+def _advance(steps: list[list[tuple[Op, ...]]], pos: list[int], done: set) -> bool:
+    """Move every rank whose current step is done to its next; whether any rank moved."""
+    moved = False
+    for r, mine in enumerate(steps):
+        if pos[r] < len(mine) and all((r, pos[r], i) in done for i in range(len(mine[pos[r]]))):
+            pos[r], moved = pos[r] + 1, True
+    return moved
+
+
+def _deadlock(steps: list[list[tuple[Op, ...]]], pos: list[int]) -> Finding:
+    """The deadlock finding: what each rank that has not finished waits in."""
+    waits = [f"rank {r} at step {pos[r]} waits in {' + '.join(map(str, mine[pos[r]]))}"
+             for r, mine in enumerate(steps) if pos[r] < len(mine)]
+    return Finding("deadlock", "deadlock under rendezvous semantics (a send waits for its receive): "
+                   + "; ".join(waits))
 
 
 def pipeline_program(schedule: Schedule, batched: bool = True) -> list[list[tuple[Op, ...]]]:

@@ -52,35 +52,58 @@ def passed(report: dict) -> bool:
 
 def render(report: dict) -> str:
     """The short text: the node, a line per test that did not pass, the counts, the measurements."""
+    lines = _node_lines(report)
+    lines += _test_lines(report.get("tests", []))
+    lines += [_memory_line(row) for row in report.get("memory", [])]
+    lines += [_block_line(row) for row in report.get("block", [])]
+    lines += [_bandwidth_line(row)
+              for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]]
+    lines += [f"ERROR in {e}" for e in report.get("errors", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _node_lines(report: dict) -> list[str]:
+    """The verdict, the GPUs and the software versions."""
     env = report["environment"]
     gpus = ", ".join(f"cuda:{g['index']} {g['name']} ({g['memory_GiB']} GiB, sm {g['compute_capability']})"
                      for g in env["gpus"])
-    lines = [f"distlab gpu-check: {'PASSED' if passed(report) else 'FAILED'}",
-             f"GPUs: {gpus}",
-             f"driver {env['driver']}, CUDA {env['cuda']}, NCCL {env['nccl']}, torch {env['torch']}, "
-             f"Python {env['python']}, {env['platform']}"]
-    tests = report.get("tests", [])
+    return [f"distlab gpu-check: {'PASSED' if passed(report) else 'FAILED'}",
+            f"GPUs: {gpus}",
+            f"driver {env['driver']}, CUDA {env['cuda']}, NCCL {env['nccl']}, torch {env['torch']}, "
+            f"Python {env['python']}, {env['platform']}"]
+
+
+def _test_lines(tests: list[dict]) -> list[str]:
+    """The counts of outcomes, then a line per test that did not pass."""
     counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
-    lines.append("tests (pytest -m gpu): " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+    lines = ["tests (pytest -m gpu): " + ", ".join(f"{n} {o}" for o, n in counts.items())]
     lines += [f"  {t['outcome'].upper()}{' (node too small)' if too_small(t) else ''}: {t['test']}: "
               f"{t['message']}" for t in tests if t["outcome"] != "passed"]
-    for row in report.get("memory", []):
-        lines.append(f"memory {row['precision']}/{row['recompute']} L={row['shape']['layers']} "
-                     f"h={row['shape']['hidden']}: measured {row['measured_peak_bytes'] / 2**20:.1f} MiB, "
-                     f"predicted {row['predicted_peak_bytes'] / 2**20:.1f} MiB "
-                     f"({100 * row['relative_error']:+.1f} %, tolerance {100 * row['tolerance']:.0f} %)")
-    for row in report.get("block", []):
-        eta = "" if row["eta"] is None else f", eta {row['eta']:.2f} of {row['peak_tflops']} TFLOP/s"
-        lines.append(f"block {row['name']} ({row['dtype']}, one GPU of tp=8, no communication): forward "
-                     f"{row['forward_ms']:.2f} ms, backward {row['backward_ms']:.2f} ms, "
-                     f"{row['tflops']:.0f} TFLOP/s{eta}")
-    for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]:
-        got = "-" if row.get("measured_GBps") is None else f"{row['measured_GBps']:.1f} GB/s"
-        percent = row.get("percent_of_spec")
-        spec = f", {percent:.0f} % of {row.get('spec', '')}" if percent else ""
-        lines.append(f"{row['test']}: {got}{spec} ({row.get('note', '')})")
-    lines += [f"ERROR in {e}" for e in report.get("errors", [])]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _memory_line(row: dict) -> str:
+    """One measured peak against the estimator's."""
+    return (f"memory {row['precision']}/{row['recompute']} L={row['shape']['layers']} "
+            f"h={row['shape']['hidden']}: measured {row['measured_peak_bytes'] / 2**20:.1f} MiB, "
+            f"predicted {row['predicted_peak_bytes'] / 2**20:.1f} MiB "
+            f"({100 * row['relative_error']:+.1f} %, tolerance {100 * row['tolerance']:.0f} %)")
+
+
+def _block_line(row: dict) -> str:
+    """One transformer block's timing and its share of the GPU's peak."""
+    eta = "" if row["eta"] is None else f", eta {row['eta']:.2f} of {row['peak_tflops']} TFLOP/s"
+    return (f"block {row['name']} ({row['dtype']}, one GPU of tp=8, no communication): forward "
+            f"{row['forward_ms']:.2f} ms, backward {row['backward_ms']:.2f} ms, "
+            f"{row['tflops']:.0f} TFLOP/s{eta}")
+
+
+def _bandwidth_line(row: dict) -> str:
+    """One bandwidth measurement against its specification."""
+    got = "-" if row.get("measured_GBps") is None else f"{row['measured_GBps']:.1f} GB/s"
+    percent = row.get("percent_of_spec")
+    spec = f", {percent:.0f} % of {row.get('spec', '')}" if percent else ""
+    return f"{row['test']}: {got}{spec} ({row.get('note', '')})"
 
 
 def write(report: dict, out_dir: str | Path, name: str) -> tuple[Path, Path]:

@@ -208,7 +208,6 @@ def _local_order(order: list[Action]) -> str | None:
 
 def _zb_case(fn: Callable[[int, int, int], Any], p: int, m: int, r: int) -> CaseResult:
     """Rank r's order from fn, with the reference ZB-H1 order on the other ranks."""
-    from distlab.pipeline.cost_model import predicted_peak_stash
     from distlab.pipeline.zero_bubble import zb_h1_order
 
     label = f"p={p}, m={m}, rank {r}"
@@ -219,8 +218,19 @@ def _zb_case(fn: Callable[[int, int, int], Any], p: int, m: int, r: int) -> Case
         return CaseResult(label, False, [NOT_WRITTEN])
     except (TypeError, ValueError) as e:
         return CaseResult(label, False, [str(e)])
-    problem = _local_order(mine)
     orders = [mine if q == r else reference[q] for q in range(p)]
+    problem = _zb_problem(mine, orders, p, m, r)
+    if problem:
+        return CaseResult(label, False, problem.split("\n"))
+    return _zb_bubble(label, mine, orders, reference, p, m, r)
+
+
+def _zb_problem(mine: list[Action], orders: list[list[Action]], p: int, m: int, r: int) -> str | None:
+    """What makes rank r's order invalid: a pass before the one it needs, a deadlock with the other
+    ranks, or more microbatches held than ZB-H1 holds; None if nothing."""
+    from distlab.pipeline.cost_model import predicted_peak_stash
+
+    problem = _local_order(mine)
     if problem is None:
         try:
             check_compute_order("your ZB-H1", orders, p)
@@ -230,8 +240,13 @@ def _zb_case(fn: Callable[[int, int, int], Any], p: int, m: int, r: int) -> Case
         problem = (f"rank {r} holds {peak_stash(mine)} microbatches at once (F done, W not yet); ZB-H1 "
                    f"holds at most min(p, m) = {min(p, m)}, 1F1B's peak: keep only r = {r} W's in hand, run "
                    "the older one after each B")
-    if problem:
-        return CaseResult(label, False, problem.split("\n"))
+    return problem
+
+
+def _zb_bubble(label: str, mine: list[Action], orders: list[list[Action]], reference: list[list[Action]],
+               p: int, m: int, r: int) -> CaseResult:
+    """A valid order: its bubble in the simulator (t_f = t_b = t_w) against ZB-H1's, and the first step
+    where it departs from the reference if its bubble is larger."""
     yours, ref = (timeline_stats(simulate(add_communication("x", o, p, m), 1.0, 1.0, t_w=1.0), p)
                   for o in (orders, reference))
     if yours.makespan > ref.makespan + 1e-9:

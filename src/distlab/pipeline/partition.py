@@ -26,6 +26,20 @@ def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
     """Boundaries b_0 = 0 < b_1 < ... < b_S = L such that stage s holds layers [b_s, b_{s+1}), chosen so
     that the costliest stage is as cheap as possible (ties: the stage with most layers is smallest)."""
     L = len(costs)
+    _check_partition(costs, num_stages)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    cut = _best_cuts(prefix, num_stages)
+    bounds = [L]
+    for s in range(num_stages, 0, -1):
+        bounds.append(cut[s][bounds[-1]])
+    return bounds[::-1]
+
+
+def _check_partition(costs: Sequence[float], num_stages: int) -> None:
+    """Every cost a finite number >= 0; num_stages a positive integer, at most one stage per layer."""
+    L = len(costs)
     for i, c in enumerate(costs):
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise ValueError(f"costs[{i}]={c!r} must be a finite number >= 0 (a layer's time or FLOPs); "
@@ -35,9 +49,12 @@ def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
     if num_stages > L:
         raise ValueError(f"num_stages={num_stages} is more than the {L} layers of the model: every stage "
                          f"needs at least one layer; use at most {L} stages (p * v <= {L}) or a deeper model")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+
+
+def _best_cuts(prefix: list[float], num_stages: int) -> list[list[int]]:
+    """The dynamic program over the prefix sums of the L costs: cut[s][j] is where the last of s stages
+    begins in the best split of layers [0, j) into s stages."""
+    L = len(prefix) - 1
     inf = (float("inf"), L + 1)
     # best[s][j]: the best (max cost, max layers) for putting layers [0, j) into s stages; cut[s][j]: last cut
     best = [[inf] * (L + 1) for _ in range(num_stages + 1)]
@@ -51,10 +68,7 @@ def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
                 cand = (max(best[s - 1][i][0], prefix[j] - prefix[i]), max(best[s - 1][i][1], j - i))
                 if cand < best[s][j]:
                     best[s][j], cut[s][j] = cand, i
-    bounds = [L]
-    for s in range(num_stages, 0, -1):
-        bounds.append(cut[s][bounds[-1]])
-    return bounds[::-1]
+    return cut
 
 
 def check_boundaries(boundaries: Sequence[int], num_layers: int) -> list[int]:

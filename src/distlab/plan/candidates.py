@@ -185,17 +185,32 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
 def _inner(model: ModelSpec, workload: Workload, dp: int, tp: int, pp: int, cp: int,
            zero_stages: tuple[int, ...], recomputes: tuple[str, ...], max_micro_batch: int,
            interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True) -> Iterator[Candidate]:
+    """The candidates of one grid (dp, tp, pp, cp): every micro-batch size b, interleaving v, ZeRO stage
+    and recomputation that the rules allow."""
     share = workload.batch // dp
     fewest = min(shape.stage_layers(model.layers, pp))
     for b in (d for d in divisors(share) if d <= max_micro_batch):
         m = share // b
         for v in interleaves:
-            if v > 1 and (pp == 1 or fewest < v or m % pp or (not uneven and model.layers % (pp * v))):
+            if not _can_interleave(v, pp, fewest, m, model.layers, uneven):
                 rej["interleaving needs pp > 1, v layers per stage and pp dividing m"] += 1
                 continue
-            for zero in zero_stages:
-                if (zero > 0 and dp * cp == 1) or (zero > 1 and pp > 1):
-                    rej["ZeRO > 0 needs dp x cp > 1; ZeRO 2-3 no pipeline"] += len(recomputes)
-                    continue
-                for rc in recomputes:
-                    yield Candidate(dp, tp, pp, cp, zero, rc, b, v)
+            yield from _zero_and_recompute(dp, tp, pp, cp, b, v, zero_stages, recomputes, rej)
+
+
+def _can_interleave(v: int, pp: int, fewest: int, m: int, layers: int, uneven: bool) -> bool:
+    """v = 1, or v > 1 chunks with a pipeline, at least v layers on every stage, pp dividing m (and, with
+    uneven=False, pp v dividing the layers)."""
+    return not (v > 1 and (pp == 1 or fewest < v or m % pp or (not uneven and layers % (pp * v))))
+
+
+def _zero_and_recompute(dp: int, tp: int, pp: int, cp: int, b: int, v: int, zero_stages: tuple[int, ...],
+                        recomputes: tuple[str, ...], rej: Rejections) -> Iterator[Candidate]:
+    """Every ZeRO stage the grid allows (above 0 only with d c > 1; 2 and 3 only without a pipeline), with
+    every recomputation."""
+    for zero in zero_stages:
+        if (zero > 0 and dp * cp == 1) or (zero > 1 and pp > 1):
+            rej["ZeRO > 0 needs dp x cp > 1; ZeRO 2-3 no pipeline"] += len(recomputes)
+            continue
+        for rc in recomputes:
+            yield Candidate(dp, tp, pp, cp, zero, rc, b, v)

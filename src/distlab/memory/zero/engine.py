@@ -47,6 +47,22 @@ from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_gr
 __all__ = ["CONTROL", "STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
 
+def _check_hook_gradients(hook_gradients: bool, stage: int) -> None:
+    """Stage 3 needs the gradient hooks."""
+    if not hook_gradients and stage == 3:
+        raise ValueError("hook_gradients=False with stage=3: stage 3 gathers and frees each unit's "
+                         "parameters around its own backward, so its gradients must be taken as they "
+                         "arrive; use hook_gradients=True, or stage 0, 1 or 2")
+
+
+def _check_offload_room(layouts: list[FlatUnit], stage: int,
+                        host_bytes_available: int | Callable[[], int] | None) -> None:
+    """ZeRO-Offload: the host has room for this rank's master shard and Adam's state (stage 0: of
+    everything)."""
+    per_rank = layouts if stage else [FlatUnit(u.name, u.params, 1) for u in layouts]
+    check_host_room(HOST_BYTES_PER_ELEMENT * sum(u.shard_numel for u in per_rank), host_bytes_available)
+
+
 class ZeRO:
     """ZeRO data parallelism of `stage` 0-3 with Adam, over `group` (None: the whole world).
 
@@ -63,10 +79,7 @@ class ZeRO:
                  host_bytes_available: int | Callable[[], int] | None = None,
                  hook_gradients: bool = True) -> None:
         self.stage = check_stage(stage)
-        if not hook_gradients and self.stage == 3:
-            raise ValueError("hook_gradients=False with stage=3: stage 3 gathers and frees each unit's "
-                             "parameters around its own backward, so its gradients must be taken as they "
-                             "arrive; use hook_gradients=True, or stage 0, 1 or 2")
+        _check_hook_gradients(hook_gradients, self.stage)
         check_group(group)
         self.model, self.group = model, group
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -74,21 +87,20 @@ class ZeRO:
         self.in_flight: tuple[int, dist.Work, Tensor] | None = None  # stages 2-3: the one under way
         layouts, modules = unit_layouts(model, default_units(model) if units is None else list(units), self.n)
         if offload:
-            per_rank = layouts if self.stage else [FlatUnit(u.name, u.params, 1) for u in layouts]
-            check_host_room(HOST_BYTES_PER_ELEMENT * sum(u.shard_numel for u in per_rank),
-                            host_bytes_available)
+            _check_offload_room(layouts, self.stage, host_bytes_available)
         self.units = [build_unit(layout, module, self.stage, group, self.config, offload)
                       for layout, module in zip(layouts, modules, strict=True)]
-        self.gather = None
-        if self.stage == 3:
-            names = {id(m): name for name, m in model.named_modules()}
-            self.gather = ParameterGather(modules, [u.flat for u in self.units],
-                                          [u.shard for u in self.units], group, prefetch,
-                                          has_root=modules[0] is model,
-                                          names=[names[id(m)] or "the root" for m in modules])
+        self.gather = self._stage3_gather(modules, prefetch) if self.stage == 3 else None
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_hook(i, j))
                       for i, u in enumerate(self.units) for j, p in enumerate(u.layout.params)
                       if hook_gradients]
+
+    def _stage3_gather(self, modules: list[nn.Module], prefetch: bool) -> ParameterGather:
+        """Stage 3: the schedule that gathers each unit's parameters before its forward and backward."""
+        names = {id(m): name for name, m in self.model.named_modules()}
+        return ParameterGather(modules, [u.flat for u in self.units], [u.shard for u in self.units],
+                               self.group, prefetch, has_root=modules[0] is self.model,
+                               names=[names[id(m)] or "the root" for m in modules])
 
     # -- the backward: gradients into flat buffers, reduce-scattered per unit in stages 2 and 3
     def _grad_hook(self, i: int, j: int) -> Callable[[Tensor], None]:

@@ -36,6 +36,32 @@ from distlab.memory.zero.order import agree_on_unit
 from distlab.memory.zero.uneven import agree_on_usage
 
 
+def _own_parameters(module: nn.Module) -> tuple[dict[int, list[tuple[nn.Module, str]]], list[nn.Parameter]]:
+    """The module's parameters that no submodule's fully_shard holds, each once, and where each sits
+    (id -> every (submodule, name) it is registered under: a tied weight is in several places)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    params: list[nn.Parameter] = []
+    for sub in module.modules():
+        for name, p in sub._parameters.items():
+            if p is None or getattr(p, "_zero_shard", False):
+                continue  # a slice of a submodule's fully_shard
+            if id(p) not in owners:
+                owners[id(p)] = []
+                params.append(p)
+            owners[id(p)].append((sub, name))
+    return owners, params
+
+
+def _check_parameters(module: nn.Module, params: list[nn.Parameter]) -> None:
+    """Something left to shard, in one dtype."""
+    if not params:
+        raise ValueError(f"module={type(module).__name__} has no parameters that are not already "
+                         "sharded; call fully_shard on the blocks first and on the root last, once each")
+    if len({p.dtype for p in params}) > 1:
+        raise ValueError(f"module={type(module).__name__} mixes parameter dtypes "
+                         f"{sorted({str(p.dtype) for p in params})}; make them one dtype (model.float())")
+
+
 class ShardedUnit:
     """The state of one `fully_shard`ed module on this rank (reached as `module.zero_unit`)."""
 
@@ -43,41 +69,13 @@ class ShardedUnit:
                  reshard_after_forward: bool) -> None:
         self.module, self.group, self.mp, self.reshard = module, group, mp, reshard_after_forward
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        owners: dict[int, list[tuple[nn.Module, str]]] = {}
-        params: list[nn.Parameter] = []
-        for sub in module.modules():
-            for name, p in sub._parameters.items():
-                if p is None or getattr(p, "_zero_shard", False):
-                    continue  # a slice of a submodule's fully_shard
-                if id(p) not in owners:
-                    owners[id(p)] = []
-                    params.append(p)
-                owners[id(p)].append((sub, name))
-        if not params:
-            raise ValueError(f"module={type(module).__name__} has no parameters that are not already "
-                             "sharded; call fully_shard on the blocks first and on the root last, once each")
-        if len({p.dtype for p in params}) > 1:
-            raise ValueError(f"module={type(module).__name__} mixes parameter dtypes "
-                             f"{sorted({str(p.dtype) for p in params})}; make them one dtype (model.float())")
+        owners, params = _own_parameters(module)
+        _check_parameters(module, params)
         self.bucket = Bucket(params, self.n)
         self.owners = [owners[id(p)] for p in params]
         self.compute_dtype = mp.param_dtype or params[0].dtype
         self.reduce_dtype = mp.reduce_dtype or self.compute_dtype
-        master = torch.zeros(self.bucket.width, dtype=params[0].dtype, device=params[0].device)
-        self.full: list[nn.Parameter] = []
-        self.shards: list[nn.Parameter] = []
-        for k, p in enumerate(params):
-            dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
-            self.bucket.local(master, k).copy_(self.bucket.slice_of(p.detach(), k, self.rank))
-            shard = nn.Parameter(self.bucket.local(master, k).view(self.bucket.shapes[k]),
-                                 requires_grad=p.requires_grad)
-            shard._zero_shard = True  # type: ignore[attr-defined]
-            self.shards.append(shard)
-            whole = nn.Parameter(torch.empty(p.shape, dtype=self.compute_dtype, device=p.device),
-                                 requires_grad=p.requires_grad)
-            free_storage(whole)
-            self.full.append(whole)
-        self.master = master
+        self.master, self.shards, self.full = self._slices(params)
         self._swap(self.shards)
         self.gathered = False
         self.got: set[int] = set()
@@ -91,6 +89,25 @@ class ShardedUnit:
                       module.register_forward_hook(self._post_forward)]
         self.hooks += [w.register_post_accumulate_grad_hook(self._grad_hook(k))
                        for k, w in enumerate(self.full) if w.requires_grad]
+
+    def _slices(self, params: list[nn.Parameter]) -> tuple[Tensor, list[nn.Parameter], list[nn.Parameter]]:
+        """Group-rank 0's parameters broadcast; this rank's slices of them in one master buffer (the
+        parameters the optimizer sees), and the whole parameters in the compute dtype, not yet allocated."""
+        master = torch.zeros(self.bucket.width, dtype=params[0].dtype, device=params[0].device)
+        full: list[nn.Parameter] = []
+        shards: list[nn.Parameter] = []
+        for k, p in enumerate(params):
+            dist.broadcast(p.detach(), group=self.group, group_src=0)  # every replica starts alike
+            self.bucket.local(master, k).copy_(self.bucket.slice_of(p.detach(), k, self.rank))
+            shard = nn.Parameter(self.bucket.local(master, k).view(self.bucket.shapes[k]),
+                                 requires_grad=p.requires_grad)
+            shard._zero_shard = True  # type: ignore[attr-defined]
+            shards.append(shard)
+            whole = nn.Parameter(torch.empty(p.shape, dtype=self.compute_dtype, device=p.device),
+                                 requires_grad=p.requires_grad)
+            free_storage(whole)
+            full.append(whole)
+        return master, shards, full
 
     def _swap(self, tensors: list[nn.Parameter]) -> None:
         for t, owners in zip(tensors, self.owners, strict=True):

@@ -52,6 +52,21 @@ def fast_path(optimizer_class: type, defaults: dict, groups: list[dict]) -> tupl
 SHAPE_AWARE = ("Adafactor", "Muon", "LBFGS", "SparseAdam")  # these read a parameter's shape or history
 
 
+def _check_arguments(optimizer_class: Any, stage: Any) -> None:
+    """ShardedOptimizer is stage 1 or 2, around an element-wise torch optimizer class."""
+    if stage not in (1, 2) or isinstance(stage, bool):
+        raise ValueError(f"stage={stage!r}: ShardedOptimizer is ZeRO stage 1 or 2; for stage 3 shard "
+                         "the model with distlab.memory.zero.fsdp.fully_shard and give its parameters to "
+                         "any optimizer")
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise ValueError(f"optimizer_class={optimizer_class!r} is not a torch optimizer class; pass "
+                         "one, e.g. torch.optim.AdamW")
+    if optimizer_class.__name__ in SHAPE_AWARE:
+        raise ValueError(f"optimizer_class={optimizer_class.__name__} reads each parameter's shape, "
+                         "which a flat slice does not have; use an element-wise optimizer (SGD, Adam, "
+                         "AdamW...)")
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """`optimizer_class` (e.g. `torch.optim.AdamW`) with its state sharded over `group`: ZeRO `stage`
     1 or 2. `params` are parameters or parameter groups, as for any torch optimizer; `**defaults` are the
@@ -63,47 +78,54 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], optimizer_class: type[torch.optim.Optimizer], *,
                  group: dist.ProcessGroup | None = None, stage: int = 1, bucket_numel: int = 1 << 20,
                  **defaults: Any) -> None:
-        if stage not in (1, 2) or isinstance(stage, bool):
-            raise ValueError(f"stage={stage!r}: ShardedOptimizer is ZeRO stage 1 or 2; for stage 3 shard "
-                             "the model with distlab.memory.zero.fsdp.fully_shard and give its parameters to "
-                             "any optimizer")
-        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
-            raise ValueError(f"optimizer_class={optimizer_class!r} is not a torch optimizer class; pass "
-                             "one, e.g. torch.optim.AdamW")
-        if optimizer_class.__name__ in SHAPE_AWARE:
-            raise ValueError(f"optimizer_class={optimizer_class.__name__} reads each parameter's shape, "
-                             "which a flat slice does not have; use an element-wise optimizer (SGD, Adam, "
-                             "AdamW...)")
+        _check_arguments(optimizer_class, stage)
         check_group(group)
         super().__init__(params, defaults)
         self.group, self.stage = group, stage
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         everything = [p for g in self.param_groups for p in g["params"]]
-        self.names = {id(p): name for g in self.param_groups for p, name in
-                      zip(g["params"], g.get("param_names", [None] * len(g["params"])), strict=True)}
-        for k, p in enumerate(everything):  # named_parameters() gives names; a plain list, positions
-            self.names[id(p)] = self.names[id(p)] or f"parameter {k} of shape {tuple(p.shape)}"
+        self.names = self._parameter_names(everything)
         for p in everything:
             dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
         self.buckets = make_buckets(list(reversed(everything)), self.n, bucket_numel)  # backward order
-        self.where: dict[int, tuple[Bucket, int]] = {}
+        self.where, self.shards = self._slices()
+        self.optim = self._inner_optimizer(optimizer_class, defaults)
+        self.reducer = GradientReducer(self.buckets, self.shards, self.names, group, stage)
+
+    def _parameter_names(self, everything: list[Tensor]) -> dict[int, str]:
+        """id(param) -> its name, for error messages: named_parameters() gives names; a plain list,
+        positions."""
+        names = {id(p): name for g in self.param_groups for p, name in
+                 zip(g["params"], g.get("param_names", [None] * len(g["params"])), strict=True)}
+        for k, p in enumerate(everything):
+            names[id(p)] = names[id(p)] or f"parameter {k} of shape {tuple(p.shape)}"
+        return names
+
+    def _slices(self) -> tuple[dict[int, tuple[Bucket, int]], dict[int, nn.Parameter]]:
+        """Where each parameter sits (its bucket and position) and this rank's slice of it."""
+        where: dict[int, tuple[Bucket, int]] = {}
         # id(param) -> this rank's slice of it, a view of the parameter itself: what the optimizer sees.
         # Being a view, it follows the parameter when a checkpoint is loaded into the model.
-        self.shards: dict[int, nn.Parameter] = {}
+        shards: dict[int, nn.Parameter] = {}
         for b in self.buckets:
             for k, p in enumerate(b.params):
-                self.where[id(p)] = (b, k)
-                self.shards[id(p)] = nn.Parameter(b.own(p.detach(), k, self.rank),
-                                                  requires_grad=p.requires_grad)
+                where[id(p)] = (b, k)
+                shards[id(p)] = nn.Parameter(b.own(p.detach(), k, self.rank), requires_grad=p.requires_grad)
+        return where, shards
+
+    def _inner_optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+                         defaults: dict[str, Any]) -> torch.optim.Optimizer:
+        """The given optimizer on the slices, in groups that mirror the user's (with `fast_path`'s foreach,
+        kept in self._fast); the user's groups then show its own defaults (betas, eps...)."""
         inner = [{**{k: v for k, v in g.items() if k != "params"},
                   "params": [self.shards[id(p)] for p in g["params"]]} for g in self.param_groups]
         self._fast, unset = fast_path(optimizer_class, defaults, self.param_groups)
-        self.optim = optimizer_class(inner, **defaults, **self._fast)
-        for g, ig in zip(self.param_groups, self.optim.param_groups, strict=True):
+        optim = optimizer_class(inner, **defaults, **self._fast)
+        for g, ig in zip(self.param_groups, optim.param_groups, strict=True):
             for k, v in ig.items():  # the optimizer's own defaults (betas, eps...), visible to the user
                 if k != "params":
                     g.setdefault(k, unset.get(k, v))
-        self.reducer = GradientReducer(self.buckets, self.shards, self.names, group, stage)
+        return optim
 
     # -- gradients: reduce-scattered during the backward, by `reduce.GradientReducer`
     def reduce_gradients(self) -> None:

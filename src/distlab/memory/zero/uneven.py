@@ -33,6 +33,20 @@ def agree_on_usage(used: Sequence[bool], names: Sequence[str], group: dist.Proce
     whether any rank computed it. Raise a RuntimeError on every rank, naming the parameters, the ranks that
     used them and the fix, where some ranks computed a gradient and others did not."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flags, op = _usage_flags(used, n, rank, device)
+    with where(CONTROL):
+        dist.all_reduce(flags, op=op, group=group)
+    if flags.is_meta:  # a dry run: no values come back
+        return list(map(bool, used))
+    uneven, anywhere = _read_flags(flags.tolist(), names, n, len(used))
+    _check_even(uneven, n, who)
+    return anywhere
+
+
+def _usage_flags(used: Sequence[bool], n: int, rank: int,
+                 device: torch.device | None) -> tuple[torch.Tensor, dist.ReduceOp]:
+    """This rank's flags and the reduction that combines them: bit `rank` per parameter (up to
+    MASK_RANKS ranks), else (u, -u) under max."""
     if n <= MASK_RANKS:
         flags = torch.tensor([int(u) << rank for u in used], dtype=torch.int64, device=device)
         op = dist.ReduceOp.SUM  # distinct bits: the sum is the bitwise or
@@ -40,20 +54,26 @@ def agree_on_usage(used: Sequence[bool], names: Sequence[str], group: dist.Proce
         flags = torch.tensor([int(u) for u in used] + [-int(u) for u in used], dtype=torch.int64,
                              device=device)
         op = dist.ReduceOp.MAX
-    with where(CONTROL):
-        dist.all_reduce(flags, op=op, group=group)
-    if flags.is_meta:  # a dry run: no values come back
-        return list(map(bool, used))
-    got = flags.tolist()
+    return flags, op
+
+
+def _read_flags(got: list[int], names: Sequence[str], n: int,
+                k: int) -> tuple[list[tuple[str, str]], list[bool]]:
+    """From the reduced flags of k parameters: those some ranks used and others did not (name, which
+    ranks), and per parameter whether any rank used it."""
     if n <= MASK_RANKS:
         everyone = (1 << n) - 1
         uneven = [(name, _ranks(m, n)) for name, m in zip(names, got, strict=True) if 0 < m < everyone]
         anywhere = [m > 0 for m in got]
     else:
-        k = len(used)
         uneven = [(name, "some ranks") for name, a, b in zip(names, got[:k], got[k:], strict=True)
                   if a == 1 and b == 0]
         anywhere = [a > 0 for a in got[:k]]
+    return uneven, anywhere
+
+
+def _check_even(uneven: list[tuple[str, str]], n: int, who: str) -> None:
+    """No parameter got a gradient on some ranks only; else the same RuntimeError on every rank."""
     if uneven:
         listed = "; ".join(f"{name} (gradient on {ranks} only)" for name, ranks in uneven[:10])
         more = f" and {len(uneven) - 10} more" if len(uneven) > 10 else ""
@@ -63,4 +83,3 @@ def agree_on_usage(used: Sequence[bool], names: Sequence[str], group: dist.Proce
             "different orders (a hang or a wrong average), so every stage refuses it. Use every parameter "
             "in every rank's loss, or multiply the unused output by zero (loss = loss + 0 * "
             "branch(x).sum()) so that every rank computes its gradient")
-    return anywhere

@@ -62,23 +62,34 @@ class Unit:
 def unit_layouts(model: nn.Module, units: list[nn.Module], n: int) -> tuple[list[FlatUnit], list[nn.Module]]:
     """One FlatUnit (cut into `n` shards) per unit module, the root (the model, with the parameters no
     unit claims) first; units without trainable parameters are left out."""
-    inside = {id(m) for m in model.modules()}
-    strangers = [type(m).__name__ for m in units if id(m) not in inside]
-    if strangers:
-        raise ValueError(f"units {strangers} are not modules of the model; pass submodules of it, e.g. "
-                         "units=list(model.h) for a GPT, or leave units=None")
-    seen: set[int] = set()
-    claimed = []
-    for m in units:
-        ps = [p for p in m.parameters() if p.requires_grad and id(p) not in seen]
-        seen.update(id(p) for p in ps)
-        claimed.append(ps)
+    _check_units_in_model(model, units)
+    claimed, seen = _claimed_parameters(units)
     root = [p for p in model.parameters() if p.requires_grad and id(p) not in seen]
     pairs = [(FlatUnit(f"unit{i}", ps, n), m)
              for i, (ps, m) in enumerate(zip([root, *claimed], [model, *units], strict=True)) if ps]
     if not pairs:
         raise ValueError("the model has no trainable parameters; ZeRO has nothing to shard")
     return [u for u, _ in pairs], [m for _, m in pairs]
+
+
+def _check_units_in_model(model: nn.Module, units: list[nn.Module]) -> None:
+    """Every unit is a module of the model."""
+    inside = {id(m) for m in model.modules()}
+    strangers = [type(m).__name__ for m in units if id(m) not in inside]
+    if strangers:
+        raise ValueError(f"units {strangers} are not modules of the model; pass submodules of it, e.g. "
+                         "units=list(model.h) for a GPT, or leave units=None")
+
+
+def _claimed_parameters(units: list[nn.Module]) -> tuple[list[list[nn.Parameter]], set[int]]:
+    """Each unit's trainable parameters that no unit before it claimed, and the ids of all of them."""
+    seen: set[int] = set()
+    claimed = []
+    for m in units:
+        ps = [p for p in m.parameters() if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        claimed.append(ps)
+    return claimed, seen
 
 
 def build_unit(layout: FlatUnit, module: nn.Module, stage: int, group: dist.ProcessGroup | None,
