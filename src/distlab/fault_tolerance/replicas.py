@@ -14,8 +14,12 @@ rows i*b .. (i+1)*b - 1 of the `replicas` x b batch of the step) and, every step
 `config.kill = (replica, step)`: that replica SIGKILLs itself at that step after its backward, while the
 others wait for it in the all-reduce. `config.join = (replica, step)`: that slot stays out until the
 others have done that many steps, then checks in, heals and trains (a replacement for the dead one, or a
-new one). What the run must equal: one process whose batch at step t is the union of the slices of
-step t's quorum members (`parity.survivors_reference`): the average of equal-sized slices' mean losses
+new one). So that the join lands at that step on every run, however the machine schedules the
+processes, the others wait at its round until it has checked in (at most `join_timeout`): without that a
+slow newcomer could find the run already over.
+
+What the run must equal: one process whose batch at step t is the union of the slices of step t's quorum
+members (`parity.survivors_reference`): the average of equal-sized slices' mean losses
 is the mean loss of their union, and the quorum's averaged gradient is its gradient.
 """
 
@@ -124,6 +128,8 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     round_, expected = (client.next_round(), ()) if joiner else (0, starting)
     asked = time.monotonic()
     while step < c.steps:
+        if c.join and not joiner and step == c.join[1] and c.join[0] not in expected:
+            _wait_for_check_in(store, round_, c.join[0], c.join_timeout)
         q = client.quorum(round_, step, expected)
         if me not in q.members:
             round_, expected = client.next_round(), ()
@@ -151,6 +157,14 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
 def _wait_for_progress(store: dist.Store, steps: int) -> None:
     """Block until the quorum's source has published that `steps` steps are done."""
     while int(store.add("progress", 0)) < steps:
+        time.sleep(0.005)
+
+
+def _wait_for_check_in(store: dist.Store, round_: int, replica: int, timeout: float) -> None:
+    """The scripted join point (module docstring): wait until `replica` has checked in at `round_`, or
+    `timeout` seconds; then the round goes on as usual, with or without it."""
+    start = time.monotonic()
+    while not store.check([f"r{round_}/in/{replica}"]) and time.monotonic() - start < timeout:
         time.sleep(0.005)
 
 
