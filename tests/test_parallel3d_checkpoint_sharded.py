@@ -14,14 +14,13 @@ differs, and a checkpoint with bytes flipped in Adam's state is refused by name 
 from __future__ import annotations
 
 import functools
-import io
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from test_parallel3d_checkpoint import _flip, _train  # the same helpers as the engine's checkpoint tests
 
 from distlab import launch, mesh, parity
 from distlab.parallel3d import checkpoint
@@ -30,29 +29,6 @@ from distlab.parallel3d.checkpoint.train import TrainConfig, Trainer, reference_
 CFG = TrainConfig(optimizer="sharded")
 STEPS = 6
 KEY = "optim.exp_avg_sq.h.1.mlp.c_fc.weight"
-
-
-def _flip(path: Path, key: str, nbytes: int) -> None:
-    """Flip `nbytes` bytes in the middle of the stored values of `key` (found through DCP's metadata)."""
-    stored = FileSystemReader(str(path)).read_metadata().storage_data
-    info = next(i for x, i in stored.items() if x.fqn == key)
-    file = path / info.relative_path
-    data = bytearray(file.read_bytes())
-    chunk = bytes(data[info.offset:info.offset + info.length])
-    raw = torch.load(io.BytesIO(chunk), weights_only=True).contiguous().numpy().tobytes()
-    at = info.offset + chunk.index(raw) + len(raw) // 2
-    data[at:at + nbytes] = bytes(b ^ 0xFF for b in data[at:at + nbytes])
-    file.write_bytes(bytes(data))
-
-
-def _train(trainer: Trainer, to_step: int, save: tuple[int, Path] | None = None, m: object = None) -> dict:
-    losses = {}
-    while trainer.step < to_step:
-        step = trainer.step
-        losses[step] = trainer.train_step()
-        if save is not None and trainer.step == save[0]:
-            checkpoint.save(trainer, m, save[1])
-    return losses
 
 
 def _dp3(root: str) -> dict:
