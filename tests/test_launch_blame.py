@@ -38,8 +38,10 @@ def test_rank_that_exits_is_blamed_when_its_peers_fail_in_work_wait():
     assert re.search(r"  rank 0: lost its connection to a peer in _irecv_from_a_rank_that_exits, at .*line "
                      r"\d+: dist.irecv\(torch.zeros\(1\), src=1\).wait\(\)  \(a consequence\)", msg), msg
     assert "  rank 1: exited with code 0 without raising a Python exception  (the cause)" in msg
-    assert re.search(r"  rank 2: lost its connection to a peer in sendrecv, at .*p2p.py, line \d+: "
-                     r"work.wait\(\)  \(a consequence\)", msg), msg
+    # Rank 2 learns of the loss either when it posts its irecv (the connection is already closed) or
+    # when it waits on it: which one is a race with rank 1's exit, and both are inside chapter 1's p2p.py.
+    assert re.search(r"  rank 2: lost its connection to a peer in (sendrecv|irecv), at .*p2p.py, line \d+: "
+                     r"(work.wait\(\)|return dist.irecv\(.*\))  \(a consequence\)", msg), msg
 
 
 def _mismatched_sizes() -> None:
