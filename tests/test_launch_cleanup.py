@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_launch import alive, script, wait_gone
 
 from distlab import launch
+from distlab.launch import processes
 
 
 def _start_children() -> list[int]:
@@ -96,6 +98,35 @@ def test_interrupt_shows_the_output_so_far_and_where_each_rank_was(tmp_path):
         assert f"  rank {r}: still running, in sleeper, at {tmp_path / 'prog.py'}, line 15: time.sleep(120)" \
             in text
     assert "launch.run was interrupted." in text and "--- where rank 1 was ---" in text
+
+
+def _asleep() -> None:
+    time.sleep(60)
+
+
+def test_interrupt_as_the_ranks_start_is_reported_and_leaves_no_rank(monkeypatch, capsys):
+    """Ctrl-C can land after the ranks are running but before the launcher watches them (it starts a
+    thread per rank first, slow on a busy machine): the report must still come, and the ranks still end."""
+    pids: list[int] = []
+
+    def start_then_interrupt(*args, **kwargs):
+        procs = real_start(*args, **kwargs)
+        pids.extend(p.pid for p in procs)
+        signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C, as the last rank has started
+        return procs
+
+    real_start = processes.start_ranks
+    monkeypatch.setattr(processes, "start_ranks", start_then_interrupt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist's workers may ignore it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.run(_asleep, 2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out = capsys.readouterr().out
+    assert len(pids) == 2 and wait_gone(pids, seconds=10) == []
+    assert "launch.run was interrupted." in out, out
+    assert "  rank 0: " in out and "  rank 1: " in out, out
 
 
 def test_second_interrupt_does_not_stop_the_cleanup(tmp_path):

@@ -132,8 +132,9 @@ def end(procs: list[subprocess.Popen], name: str, noted: list[tuple[int, int]] =
 
 
 @contextmanager
-def shielded() -> Iterator[None]:
-    """Hold off Ctrl-C (dropped: the run is being stopped anyway) and SIGTERM (delivered on exit)."""
+def shielded(keep_interrupt: bool = False) -> Iterator[None]:
+    """Hold off Ctrl-C and SIGTERM. SIGTERM is delivered on exit; Ctrl-C is dropped (the run is being
+    stopped anyway), or, with `keep_interrupt`, delivered on exit too (KeyboardInterrupt is raised there)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals are only ever handled in the main thread
         return
@@ -149,6 +150,8 @@ def shielded() -> Iterator[None]:
             signal.signal(s, previous[s])
         if signal.SIGTERM in pending:
             signal.raise_signal(signal.SIGTERM)
+        if keep_interrupt and signal.SIGINT in pending:
+            signal.raise_signal(signal.SIGINT)
 
 
 @contextmanager

@@ -56,9 +56,11 @@ class _Launch:
             "timeout": self.timeout, "sys_path": [p for p in sys.path if p], "sources": self.sources,
             # the ranks' parent, whose end means the launcher's end (the helper ends with the launcher)
             "parent_pid": helper.proc.pid if helper is not None else os.getpid()}))
-        self.procs = processes.start_ranks(self.dir, self.world_size, port, self.marker, helper)
-        for r, p in enumerate(self.procs):
-            threading.Thread(target=processes.wait_for_exit, args=(p, r, self.seen), daemon=True).start()
+        # A Ctrl-C in here would leave the helper mid-reply and the ranks unlisted: it waits for the end.
+        with cleanup.shielded(keep_interrupt=True):
+            self.procs = processes.start_ranks(self.dir, self.world_size, port, self.marker, helper)
+            for r, p in enumerate(self.procs):
+                threading.Thread(target=processes.wait_for_exit, args=(p, r, self.seen), daemon=True).start()
 
     def stop(self, settle: float = 0.0) -> list[RankState]:
         """Let the other ranks settle, record every rank's state, end them all, print their output."""
@@ -75,9 +77,12 @@ class _Launch:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _outcome(launch: _Launch, deadline: float | None) -> str:
-    """How the run ended; on Ctrl-C or SIGTERM, print the output so far and where each rank was first."""
+def _outcome(launch: _Launch, payload: bytes, backend: str, port: int, deadline: float | None) -> str:
+    """Start the ranks and say how the run ended. On Ctrl-C or SIGTERM, from the moment the ranks start
+    (the ranks may be running before the watching begins), print the output so far and where each rank
+    was first."""
     try:
+        launch.start(payload, backend, port)
         return processes.watch(launch.procs, launch.dir, launch.allowed, launch.timeout, launch.seen,
                                deadline)
     except (KeyboardInterrupt, cleanup.Terminated) as e:
@@ -92,8 +97,7 @@ def _launch(payload: bytes, world_size: int, backend: str, timeout: float, deadl
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT))
     launch = _Launch(world_size, timeout, allowed)
     try:
-        launch.start(payload, backend, store.port)
-        outcome = _outcome(launch, deadline)
+        outcome = _outcome(launch, payload, backend, store.port, deadline)
         states = launch.stop(SETTLE if outcome == "failed" else 0.0)
         if outcome == "failed":
             raise diagnosis.failure(states, timeout)
