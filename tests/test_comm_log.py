@@ -168,8 +168,10 @@ def _powersgd_threads() -> dict:
 
 def test_an_all_threads_log_sees_the_powersgd_hooks_callbacks():
     """PyTorch's PowerSGD hook all-reduces the vectors at once, then P and Q in future callbacks on gloo's
-    thread. A thread-local log sees the first only; `all_threads=True` sees all three, and their values
-    are the PowerSGD model's: a matrix n x m as P (n x r) and Q (m x r) where r (n + m) < n m."""
+    thread. A thread-local log sees the first, and the others only when they ran on its thread (a callback
+    runs at once on the caller's thread if its future has already completed, which a busy machine makes
+    likely); `all_threads=True` sees all three, each once, wherever they ran, and their values are the
+    PowerSGD model's: a matrix n x m as P (n x r) and Q (m x r) where r (n + m) < n m."""
     r = 2
     shapes = [(64, 16), (64,), (4, 64), (4,)]
     vectors = sum(s[0] for s in shapes if len(s) == 1)
@@ -177,7 +179,8 @@ def test_an_all_threads_log_sees_the_powersgd_hooks_callbacks():
     qs = sum(m * min(n, m, r) for n, m in (s for s in shapes if len(s) == 2))
     assert all(min(n, m, r) * (n + m) < n * m for n, m in (s for s in shapes if len(s) == 2))
     for got in launch.run(_powersgd_threads, 2):
-        assert got["thread_local"] == [vectors]
+        seen_here = got["thread_local"]
+        assert 1 <= len(seen_here) <= 3 and seen_here == [vectors, ps, qs][:len(seen_here)], seen_here
         assert got["all_threads"] == [("all_reduce", vectors, "grads", "backward"),
                                       ("all_reduce", ps, "grads", "backward"),
                                       ("all_reduce", qs, "grads", "backward")]

@@ -22,7 +22,8 @@ Logs nest: an inner log and an outer one both record a call. A log lives in one 
 started by `distlab.launch.run`, open it inside the function each rank runs. Like every dispatch mode
 (and `CommDebugMode`) it is thread-local: it sees the calls of its thread and of autograd's backward
 pass, but not a collective issued from another thread, such as the all-reduces of P and Q in PyTorch's
-PowerSGD hook, which run in `Future.then` callbacks on the backend's (gloo's) thread.
+PowerSGD hook, which run in `Future.then` callbacks on the backend's (gloo's) thread (unless the future
+has already completed when the callback is attached: then it runs at once, on the caller's thread).
 
 `comm_log(all_threads=True)` also records those. While it is open it registers, with `torch.library`,
 a kernel for every c10d op at the dispatch key `ADInplaceOrView` (a fall-through for these ops, so
