@@ -162,3 +162,14 @@ def test_killed_launcher_leaves_no_rank_and_no_folder_behind(tmp_path):
     proc.wait()
     assert wait_gone(pids, seconds=10) == []
     assert _left_in(tmp_path / "tmp") == []
+
+
+def test_interrupt_before_any_rank_starts_says_so(monkeypatch, capsys):
+    """Ctrl-C while the launcher is still getting ready (its fork helper imports torch on a first run)."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(processes, "fork_helper", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(_asleep, 2)
+    assert "launch.run was interrupted before any rank had started." in capsys.readouterr().out

@@ -191,4 +191,6 @@ def own_error(s: RankState) -> RankError:
 
 def interrupted(states: list[RankState], timeout: float, how: str = "interrupted") -> str:
     """Where every rank was when the run was interrupted (Ctrl-C, the kernel's interrupt button, SIGTERM)."""
+    if not states:
+        return f"launch.run was {how} before any rank had started."
     return f"launch.run was {how}.\n{_table(states, timeout, None)}{_stacks(states)}"
