@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from distlab.cli_types import at_least, between
-from distlab.memory import cost_model, estimator
+from distlab.memory import cost_model, estimator, optimizer_step
 
 PROG = "python -m distlab.memory"
 
@@ -143,7 +143,14 @@ def _add_measure(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--recompute", choices=cost_model.RECOMPUTE, default="none", help="activation recomputation"
     )
+    _add_adam(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_adam(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adam", choices=("default", *optimizer_step.FORMS), default="default",
+                   help="Adam's implementation; default: torch's choice on the device (foreach on cuda, "
+                   "for-loop on cpu)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -197,6 +204,8 @@ def run_measure(args: argparse.Namespace) -> dict[str, object]:
         recompute=args.recompute,
         attention="flash",
         dropout=False,
+        adam=args.adam,
+        device="cpu",
     )
     predicted = predict_peak(config)
     free = available_bytes()
@@ -217,6 +226,7 @@ def run_measure(args: argparse.Namespace) -> dict[str, object]:
             args.precision,
             args.recompute,
             args.seed,
+            adam=args.adam,
         )
     except (RuntimeError, MemoryError) as e:  # the allocator ran out after all: say so in one line
         raise ValueError(

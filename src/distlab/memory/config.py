@@ -4,7 +4,7 @@
 planner describe: the model (a parameter count, or its shape: layers, hidden, heads, vocab, and the modern
 shape options of `distlab.memory.shape`), the micro-batch and sequence, the parallel layout (dp, tp, pp,
 cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
-offload and FP8. `validate` checks one before anything is computed, in the order a reader fixes them
+offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before anything is computed, in the order a reader fixes them
 (the training options, the pipeline schedule, then the shape against the layout); every error names the
 value and the fix.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.memory import cost_model, shape
+from distlab.memory.optimizer_step import adam_form
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -54,6 +55,8 @@ class MemoryConfig:
     layer_split: tuple[int, ...] | None = None  # layers per pipeline stage; None = even (pp must divide)
     rounds: int | None = None  # interleaved schedule: micro-batches per round through the chunks; None = pp
     fp8: bool = False  # FP8 linear layers: their saved inputs in 1 byte (module docstring)
+    adam: str = "default"  # Adam's implementation: for-loop, foreach, fused; default: torch's per device
+    device: str = "cuda"  # where the step runs: cuda (a GPU) or cpu; it picks the default Adam
 
     @property
     def modern(self) -> bool:
@@ -118,6 +121,7 @@ def _check_training(c: MemoryConfig) -> None:
         raise ValueError(
             f"recompute={c.recompute!r} is unknown; choose one of {', '.join(cost_model.RECOMPUTE)}"
         )
+    adam_form(c.adam, c.device)
     if c.fp8 and c.precision != "mixed":
         raise ValueError(f"fp8=True needs precision='mixed' (bf16 weights and gradients, an fp32 master "
                          f"copy) but precision={c.precision!r}; set precision='mixed' or fp8=False")
