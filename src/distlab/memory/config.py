@@ -4,9 +4,9 @@
 planner describe: the model (a parameter count, or its shape: layers, hidden, heads, vocab, and the modern
 shape options of `distlab.memory.shape`), the micro-batch and sequence, the parallel layout (dp, tp, pp,
 cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
-offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before anything is computed, in the order a reader fixes them
-(the training options, the pipeline schedule, then the shape against the layout); every error names the
-value and the fix.
+offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before
+anything is computed, in the order a reader fixes them (the training options, the pipeline schedule, then
+the shape against the layout); every error names the value and the fix.
 """
 
 from __future__ import annotations

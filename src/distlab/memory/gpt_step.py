@@ -115,8 +115,8 @@ def _attention_forward(tl: Timeline, p: str, sh: StepShape, option: str, kind: s
 
 
 def _residual(tl: Timeline, p: str, out: str, sh: StepShape, kind: str) -> None:
-    """After a projection's output `proj` (whole, then reduce-scattered under sp): its dropout and the residual
-    add, which leaves `out`; `proj` is freed."""
+    """After a projection's output `proj` (whole, then reduce-scattered under sp): its dropout and the
+    residual add, which leaves `out`; `proj` is freed."""
     if sh.dropout:
         tl.alloc(p + out + ".mask", sh.nh / sh.e, kind)
     tl.alloc(p + out, sh.nh, kind)
@@ -153,7 +153,8 @@ def block_forward(tl: Timeline, i: int, sh: StepShape, option: str, kind: str = 
     _attention_forward(tl, p, sh, option, kind)
     tl.alloc(p + "proj", sh.full)
     if not keep:
-        tl.free(p + "ln1.out", p + "qkv", p + "attn", p + "lse", p + "softmax", p + "attn_mask", p + "attn_drop")
+        tl.free(p + "ln1.out", p + "qkv", p + "attn", p + "lse", p + "softmax", p + "attn_mask",
+                p + "attn_drop")
     _residual(tl, p, "x1", sh, kind)
     _layernorm(tl, p + "ln2", sh, kind)
     if not keep:

@@ -76,8 +76,9 @@ def check_peak_config(c: MemoryConfig) -> None:
 
 def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = True) -> PeakPrediction:
     """The peak of one training step of `distlab.models.GPT` (micro-batch `c.micro_batch` of `c.seq`
-    tokens) with Adam in the implementation `c.adam` runs on `c.device` (`optimizer_step`): fp32 (`precision="fp32"`) or a bf16 model with fp32 master weights
-    (`precision="mixed"`, `precision.MasterWeights`). `plan` is a per-layer recomputation plan
+    tokens) with Adam in the implementation `c.adam` runs on `c.device` (`optimizer_step`): fp32
+    (`precision="fp32"`) or a bf16 model with fp32 master weights (`precision="mixed"`,
+    `precision.MasterWeights`). `plan` is a per-layer recomputation plan
     (`recompute.LAYER_OPTIONS`); by default the one of `c.recompute`."""
     from distlab.memory.recompute import check_plan, policy_plan  # recompute imports models (torch)
 
