@@ -103,7 +103,7 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     """The timeline of one micro-batch through stage `stage` and the optimizer's step after it."""
     first, last = stage == 0, stage == c.pp - 1
     m = c.microbatches or c.pp
-    option, accumulate = OPTIONS[c.recompute], m > 1
+    accumulate = m > 1
     sizes = [x * scale for x in gpt_parameter_sizes(layers, c.hidden, c.vocab, c.seq, True, c.tp, sh.kv,
                                                      c.ffn, c.gated, first, last, c.tied, c.positions)]
     g_bytes = cost_model.check_precision(c.precision)[1] * sum(sizes) / (c.dp if c.zero >= 2 else 1)

@@ -149,7 +149,7 @@ def memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candid
 
 
 def fits(m: MemoryEstimate, cluster: ClusterSpec, settings: Settings | None = None) -> bool:
-    """Whether the step's peak (the estimator's `peak_bytes`) stays within the usable part of the GPU's HBM."""
+    """Whether the step's peak (the estimator's `peak_bytes`) stays within the usable part of the HBM."""
     return m.peak_bytes <= (settings or Settings()).usable_memory * cluster.memory_bytes
 
 

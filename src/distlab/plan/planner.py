@@ -101,9 +101,9 @@ def pinned(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candid
 
 
 def judge(run: PublishedRun, efficiency: float | None = None) -> dict[str, Any]:
-    """A published run under its assumptions: the estimator's peak per GPU against HBM, predicted time and TFLOP/s
-    beside the reported ones (`ratio`), and `implied_efficiency`, the eta at which the model's step time
-    matches the report (compute, recomputation and the idle time scale as 1/eta, communication not)."""
+    """A published run under its assumptions: the estimator's peak per GPU against HBM, predicted time and
+    TFLOP/s beside the reported ones (`ratio`), and `implied_efficiency`, the eta at which the model's step
+    time matches the report (compute, recomputation and the idle time scale as 1/eta, communication not)."""
     model, cluster, workload = run.model_spec(), run.cluster(), run.workload(efficiency)
     eta = workload.eta(cluster.gpu)
     r = row(model, cluster, workload, run.candidate(), run.settings)

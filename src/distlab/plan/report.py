@@ -64,8 +64,8 @@ def published_markdown() -> str:
 def judged_markdown(efficiency: float | None = None) -> str:
     """Each published run judged by the planner (`planner.judge`): GB per GPU against its HBM, predicted
     TFLOP/s per GPU beside the reported figure, their ratio, and the efficiency the report implies."""
-    lines = ["| run | assumed ZeRO, recompute, v | peak GB per GPU (of HBM) | fits | predicted TFLOP/s per GPU | "
-             "reported | ratio | implied efficiency |", "|" + " --- |" * 8]
+    lines = ["| run | assumed ZeRO, recompute, v | peak GB per GPU (of HBM) | fits | predicted TFLOP/s per "
+             "GPU | reported | ratio | implied efficiency |", "|" + " --- |" * 8]
     for r in RUNS:
         j = judge(r, efficiency)
         lines.append(f"| {r.name} | {r.zero}, {r.recompute}, {r.interleave} | {j['peak_bytes'] / 1e9:.0f} "
