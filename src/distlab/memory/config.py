@@ -86,14 +86,43 @@ def _has_shape(c: MemoryConfig) -> bool:
 
 
 
+MIN_PARAMS = 1_000  # the smallest model the course trains (2 layers of width 16) has about 7,000
+PARAMS_AGREE = 2.0  # --params beside a shape: within this factor of the shape's own count
+
+
 def validate(c: MemoryConfig) -> bool:
     """Check a configuration; returns whether it has a shape. Every error names the value and the fix."""
     _check_training(c)
     _check_schedule(c)
+    _check_params(c)
     if not _has_shape(c):
         return False
     _check_shape(c)
+    _check_params_against_shape(c)
     return True
+
+
+def _check_params(c: MemoryConfig) -> None:
+    """A parameter count that no model has (a typo such as 1 or 2.5) is refused, not computed as 0 bytes."""
+    if c.params is not None and not isinstance(c.params, bool) and c.params < MIN_PARAMS:
+        raise ValueError(f"params={c.params!r} is not a plausible parameter count: a model has at least "
+                         f"{MIN_PARAMS:,} (the course's smallest GPT has about 7,000); give the count itself, "
+                         "e.g. params=1.3e9, or leave params out and give the shape")
+
+
+def _check_params_against_shape(c: MemoryConfig) -> None:
+    """With a shape, `params` replaces the shape's count for the model states: it must be about the same."""
+    if c.params is None:
+        return
+    from distlab.memory.model_states import total_params  # model_states imports this module
+
+    own = total_params(MemoryConfig(layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab, seq=c.seq,
+                                    kv_heads=c.kv_heads, ffn=c.ffn, gated=c.gated, tied=c.tied,
+                                    positions=c.positions))
+    if not own / PARAMS_AGREE <= c.params <= own * PARAMS_AGREE:
+        raise ValueError(f"params={c.params:.4g} disagrees with the shape (layers={c.layers}, hidden={c.hidden}, "
+                         f"vocab={c.vocab}, seq={c.seq}), which has {own:.4g} parameters; give params within a "
+                         f"factor of {PARAMS_AGREE:g} of it, or leave params out")
 
 
 def _check_training(c: MemoryConfig) -> None:

@@ -157,14 +157,16 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
                          zero_stages: tuple[int, ...] = (0, 1, 2, 3),
                          recomputes: tuple[str, ...] = RECOMPUTE, max_micro_batch: int = 8,
                          interleaves: tuple[int, ...] = (1, 2, 4), max_cp: int | None = None,
-                         rejections: Rejections | None = None, uneven: bool = True) -> Iterator[Candidate]:
+                         rejections: Rejections | None = None, uneven: bool = True,
+                         micro_batch: int | None = None) -> Iterator[Candidate]:
     """Every candidate of the search space (module docstring). ZeRO stages 2 and 3 only without a
     pipeline (their gradient or parameter shards would be reduced or gathered once per micro-batch on
     every stage; DeepSpeed allows only stage 0 or 1 with its pipeline engine; pin one with
     `--zero` to price it anyway); stages above 0 only with d c > 1; interleaving only with pp > 1 and m
     divisible by pp (Narayanan et al. 2021, sec. 2.2.2); cp at most `max_cp` (None: any); uneven layer
     splits only with `uneven` (Megatron-LM 2021 needed p v to divide L). The micro-batch size b divides
-    floor(B/d). `rejections`, if given, counts what each rule removed."""
+    floor(B/d), at most `max_micro_batch`; `micro_batch`, if given, is the only size tried (it must divide
+    floor(B/d)). `rejections`, if given, counts what each rule removed."""
     rej = rejections if rejections is not None else Rejections()
     n = cluster.gpus
     for tp in divisors(n):
@@ -183,17 +185,22 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
                     rej["dp exceeds the global batch"] += 1
                 else:
                     yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
-                                      max_micro_batch, interleaves, rej, uneven)
+                                      max_micro_batch, interleaves, rej, uneven, micro_batch)
 
 
 def _inner(model: ModelSpec, workload: Workload, dp: int, tp: int, pp: int, cp: int,
            zero_stages: tuple[int, ...], recomputes: tuple[str, ...], max_micro_batch: int,
-           interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True) -> Iterator[Candidate]:
-    """The candidates of one grid (dp, tp, pp, cp): every micro-batch size b, interleaving v, ZeRO stage
-    and recomputation that the rules allow."""
+           interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True, micro_batch: int | None = None
+           ) -> Iterator[Candidate]:
+    """The candidates of one grid (dp, tp, pp, cp): every micro-batch size b (or only `micro_batch`),
+    interleaving v, ZeRO stage and recomputation that the rules allow."""
     share = workload.batch // dp
     fewest = min(shape.stage_layers(model.layers, pp))
-    for b in (d for d in divisors(share) if d <= max_micro_batch):
+    if micro_batch is not None and share % micro_batch:
+        rej["the micro-batch does not divide a replica's share of the batch"] += 1
+        return
+    sizes = [micro_batch] if micro_batch is not None else [d for d in divisors(share) if d <= max_micro_batch]
+    for b in sizes:
         m = share // b
         for v in interleaves:
             if not _can_interleave(v, pp, fewest, m, model.layers, uneven):
