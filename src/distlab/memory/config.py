@@ -11,7 +11,7 @@ the shape against the layout); every error names the value and the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distlab.memory import cost_model, shape
 from distlab.memory.optimizer_step import adam_form
@@ -106,8 +106,8 @@ def _check_params(c: MemoryConfig) -> None:
     """A parameter count that no model has (a typo such as 1 or 2.5) is refused, not computed as 0 bytes."""
     if c.params is not None and not isinstance(c.params, bool) and c.params < MIN_PARAMS:
         raise ValueError(f"params={c.params!r} is not a plausible parameter count: a model has at least "
-                         f"{MIN_PARAMS:,} (the course's smallest GPT has about 7,000); give the count itself, "
-                         "e.g. params=1.3e9, or leave params out and give the shape")
+                         f"{MIN_PARAMS:,} (the course's smallest GPT has about 7,000); give the count "
+                         "itself, e.g. params=1.3e9, or leave params out and give the shape")
 
 
 def _check_params_against_shape(c: MemoryConfig) -> None:
@@ -116,13 +116,11 @@ def _check_params_against_shape(c: MemoryConfig) -> None:
         return
     from distlab.memory.model_states import total_params  # model_states imports this module
 
-    own = total_params(MemoryConfig(layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab, seq=c.seq,
-                                    kv_heads=c.kv_heads, ffn=c.ffn, gated=c.gated, tied=c.tied,
-                                    positions=c.positions))
+    own = total_params(replace(c, params=None))
     if not own / PARAMS_AGREE <= c.params <= own * PARAMS_AGREE:
-        raise ValueError(f"params={c.params:.4g} disagrees with the shape (layers={c.layers}, hidden={c.hidden}, "
-                         f"vocab={c.vocab}, seq={c.seq}), which has {own:.4g} parameters; give params within a "
-                         f"factor of {PARAMS_AGREE:g} of it, or leave params out")
+        raise ValueError(f"params={c.params:.4g} disagrees with the shape (layers={c.layers}, "
+                         f"hidden={c.hidden}, vocab={c.vocab}, seq={c.seq}), which has {own:.4g} parameters; "
+                         f"give params within a factor of {PARAMS_AGREE:g} of it, or leave params out")
 
 
 def _check_training(c: MemoryConfig) -> None:
