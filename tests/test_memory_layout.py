@@ -113,3 +113,48 @@ def test_params_that_no_model_has_or_that_disagree_with_the_shape_are_refused(ar
     assert re.search(message, capsys.readouterr().err)
     main(["estimate", "--params", "1.3e9", "--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab",
           "50257", "--json"])  # the published count of a 1.3B shape is accepted
+
+
+def _measure_held(L, h, a, V, b, s, k, recompute) -> tuple[int, str]:
+    """One process as a pipeline stage that holds k micro-batches: with the gradients already accumulated
+    (a pipeline's steady state), k forwards of the course's GPT, then k backwards (GPipe's order on one
+    stage), under `accounting.LiveBytes`: the peak and its phase."""
+    from distlab.memory.accounting import LiveBytes
+    from distlab.memory.recompute import policy_plan, recompute_forward
+    from distlab.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, block_size=s, n_layer=L, n_head=a, n_embd=h, bias=True))
+    g = torch.Generator().manual_seed(0)
+    batches = [tuple(torch.randint(V, (b, s), generator=g) for _ in range(2)) for _ in range(k)]
+    plan = policy_plan(recompute, L)
+    recompute_forward(model, *batches[0], plan=plan)[1].backward()  # the accumulated gradients
+    tracker = LiveBytes()
+    tracker.adopt([*model.parameters(), *(p.grad for p in model.parameters())])
+    with tracker:
+        losses = [recompute_forward(model, x, y, plan=plan)[1] for x, y in batches]
+        tracker.phase = "backward"
+        for loss in losses:
+            loss.backward()
+        del losses, loss
+    return tracker.peak, tracker.peak_phase
+
+
+def test_held_micro_batches_within_5_percent_of_the_measured_peak() -> None:
+    """The pipeline's in-flight term: a stage that holds k - 1 other micro-batches' saved tensors while it
+    walks one backward, with the gradients accumulated (`stage_peak(c, 0, held=k - 1)`, no optimizer on
+    the device: `offload=True`). The prediction counts the very storages LiveBytes sees."""
+    from distlab.memory.peak_layout import stage_peak
+
+    rows = []
+    for (L, h, a, V, b, s), recompute, k in itertools.product(
+            [(2, 32, 2, 16, 8, 64), (3, 64, 4, 50, 4, 32)], ("none", "selective", "full"), (2, 4)):
+        got, phase = _measure_held(L, h, a, V, b, s, k, recompute)
+        c = MemoryConfig(layers=L, hidden=h, heads=a, vocab=V, seq=s, micro_batch=b, precision="fp32",
+                         recompute=recompute, attention="flash", dropout=False, microbatches=k, offload=True,
+                         device="cpu")
+        want = stage_peak(c, 0, held=k - 1)
+        rows.append((L, h, recompute, k, want.peak_bytes, got))
+        assert abs(want.peak_bytes / got - 1) <= 0.05 and want.phase == phase, rows[-1]
+    # holding 4 micro-batches instead of 2 adds two micro-batches' stashes, and the model says how much
+    assert all(r4[5] > 1.5 * r2[5] for r2, r4 in zip(rows[::2], rows[1::2], strict=True) if r2[2] != "full")

@@ -24,10 +24,10 @@ For one GPU (t = p = c = d = 1, m = 1) this is `predict_peak` to the byte (`test
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig
+from distlab.memory.config import MemoryConfig, validate
 from distlab.memory.gpt_ends import (
     block_parameter_sizes,
     embedding_backward,
@@ -98,9 +98,17 @@ def _states(tl: Timeline, c: MemoryConfig, sizes: list[float]) -> None:
         tl.alloc("optimizer state", k * n / (c.dp if c.zero >= 1 else 1) + 4 * len(sizes), "optimizer")
 
 
-def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layers: int, scale: float
-                ) -> Timeline:
-    """The timeline of one micro-batch through stage `stage` and the optimizer's step after it."""
+def _head_saved(sh: StepShape) -> int:
+    """What the final LayerNorm, the output layer and the loss keep for the backward (one micro-batch)."""
+    tl = Timeline()
+    head_forward(tl, sh)
+    return tl.current
+
+
+def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layers: int, scale: float,
+                held: float | None = None) -> Timeline:
+    """The timeline of one micro-batch through stage `stage` and the optimizer's step after it, with `held`
+    other micro-batches' activations (None: the schedule's count, `shape.in_flight` - 1)."""
     first, last = stage == 0, stage == c.pp - 1
     m = c.microbatches or c.pp
     accumulate = m > 1
@@ -115,10 +123,14 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
                                                                          c.gated)) * scale)
     if accumulate:
         tl.alloc("accumulated grads", g_bytes, "grads")
-    held = shape.in_flight(c.schedule, stage, c.pp, m, c.interleave, c.rounds) - 1
-    # a held micro-batch: its blocks' saved tensors, the stage's input in place of its output (sent on, and
-    # freed, as Megatron-LM's deallocate_output_tensor does), the position ids on the first stage
+    if held is None:
+        held = shape.in_flight(c.schedule, stage, c.pp, m, c.interleave, c.rounds) - 1
+    # a held micro-batch: its blocks' saved tensors and the stage's input, less its output where it is sent
+    # on (and freed, as Megatron-LM's deallocate_output_tensor does); the position ids on the first stage,
+    # the head's saved tensors on the last
     stash = layers * block.saved + (8 * sh.s if (first and c.positions) else 0)
+    if last:
+        stash += sh.nh + _head_saved(sh)
     tl.alloc("other micro-batches", held * stash, "activations")
     if first:
         embedding_forward(tl, sh)
@@ -157,15 +169,34 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     return tl
 
 
+def stage_peak(c: MemoryConfig, stage: int, held: float | None = None, bias: bool = True) -> LayoutPeak:
+    """The peak of pipeline stage `stage` alone, holding `held` other micro-batches' activations (None: as
+    its schedule does). With pp = 1 and `held` = k - 1 it is one process that runs k forwards, then k
+    backwards (GPipe's order on a single stage)."""
+    validate(c)
+    sh = step_shape(c, bias)
+    layers = shape.stage_layers(c.layers, c.pp, c.layer_split)[stage]
+    block = _walk_block(sh, OPTIONS[c.recompute], _grads_kind(c))
+    tl = _stage_peak(c, sh, block, stage, layers, _scale(c), held)
+    return LayoutPeak(tl.peak, tl.peak_phase, tl.peak_where, stage)
+
+
+def _grads_kind(c: MemoryConfig) -> str:
+    """Gradients that stay (one micro-batch, no sharding), or temporaries added into accumulated or
+    sharded ones."""
+    return "temporaries" if ((c.microbatches or c.pp) > 1 or c.zero >= 2) else "grads"
+
+
+def _scale(c: MemoryConfig) -> float:
+    """`c.params` over the shape's own count (1 without `params`): the model states follow `params`."""
+    return 1.0 if c.params is None else c.params / total_params(replace(c, params=None))
+
+
 def layout_peak(c: MemoryConfig, bias: bool = True) -> LayoutPeak:
     """The peak of one step on the GPU that holds the most (module docstring); `c` needs the shape."""
     sh = step_shape(c, bias)
-    scale = 1.0 if c.params is None else c.params / total_params(
-        MemoryConfig(layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab, seq=c.seq,
-                     kv_heads=c.kv_heads, ffn=c.ffn, gated=c.gated, tied=c.tied, positions=c.positions))
-    m = c.microbatches or c.pp
-    grads = "temporaries" if (m > 1 or c.zero >= 2) else "grads"
-    block = _walk_block(sh, OPTIONS[c.recompute], grads)
+    scale = _scale(c)
+    block = _walk_block(sh, OPTIONS[c.recompute], _grads_kind(c))
     best: LayoutPeak | None = None
     for stage, layers in enumerate(shape.stage_layers(c.layers, c.pp, c.layer_split)):
         tl = _stage_peak(c, sh, block, stage, layers, scale)
