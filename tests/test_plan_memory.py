@@ -33,8 +33,8 @@ def _grid():
 def _plan(capsys, dp, tp, pp, cp, zero, recompute, b, v, adam) -> dict:
     argv = [f"--{k}={x}" for k, x in SHAPE.items()] + [
         "--nodes", "2", "--batch", str(BATCH), "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--cp",
-        str(cp), "--zero", str(zero), "--recompute", recompute, "--micro-batch", str(b), "--interleave", str(v),
-        "--adam", adam, "--json"]
+        str(cp), "--zero", str(zero), "--recompute", recompute, "--micro-batch", str(b), "--interleave",
+        str(v), "--adam", adam, "--json"]
     plan_main(argv)
     return json.loads(capsys.readouterr().out)
 
