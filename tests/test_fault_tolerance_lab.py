@@ -45,3 +45,40 @@ def test_part_4_without_torchft_says_what_it_would_show_and_goes_on(monkeypatch,
 def test_torchft_missing_is_silent_where_torchft_is_installed() -> None:
     pytest.importorskip("torchft")
     assert torchft_missing("show it") is None
+
+
+def _outer(sign: float = 1.0, plain: bool = False, scale: str = "mean"):  # type: ignore[no-untyped-def]
+    """An outer step, right by default, or with one of the usual mistakes."""
+    import torch
+
+    def step(theta, thetas, buffer, lr, mu):  # type: ignore[no-untyped-def]
+        reduce = torch.stack([theta - t for t in thetas])
+        delta = sign * (reduce.mean(0) if scale == "mean" else reduce.sum(0))
+        b = delta if buffer is None else mu * buffer + delta
+        return theta - lr * (b if plain else delta + mu * b), b
+    return step
+
+
+def test_the_outer_step_check_passes_diloco_and_names_each_mistake() -> None:
+    """Lab 11's part-3 exercise: DiLoCo's outer step (Douillard et al. 2023) against `OuterNesterov`."""
+    import torch
+
+    from distlab.fault_tolerance.exercises import check_outer_step, outer_step_reference
+
+    assert check_outer_step(_outer()).passed
+    for mistake, words in ((_outer(sign=-1.0), "not theta_r - theta"),
+                           (_outer(plain=True), "not by the buffer b alone"),
+                           (_outer(scale="sum"), "averaged (divide by R), not summed"),
+                           (lambda th, ths, b, lr, mu: (torch.stack(ths).mean(0), b), "the replicas' mean")):
+        report = check_outer_step(mistake)
+        assert not report.passed and words in str(report), str(report)
+
+    def stub(*args):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("Your turn")
+
+    assert check_outer_step(stub).not_written
+    # outer lr 1 without momentum: the new theta is the replicas' mean (DiLoCo is local SGD there)
+    theta, thetas = torch.zeros(3, dtype=torch.float64), [torch.ones(3, dtype=torch.float64),
+                                                           torch.full((3,), 3.0, dtype=torch.float64)]
+    new, _ = outer_step_reference(theta, thetas, None, 1.0, 0.0)
+    assert torch.equal(new, torch.full((3,), 2.0, dtype=torch.float64))
