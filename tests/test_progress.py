@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -118,9 +119,16 @@ def test_the_contributing_command_on_a_lab_with_solutions_leaves_the_students_re
                              text=True, timeout=240)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
+    def kernel_files() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("distlab-progress-instructor-*.json"))
+
+    before = kernel_files()
     nbval(instructor)
     student_file = home / ".distlab" / "progress.json"
     assert not student_file.exists(), "running a lab from labs/ under nbval wrote the student's progress"
+    first = kernel_files() - before
+    nbval(instructor)  # a killed kernel runs no atexit: the next one sweeps its file away
+    assert not first & kernel_files(), f"a gone kernel's own record is still there: {first}"
     write_student_labs([instructor], tmp_path / "mylabs")
     copy = tmp_path / "mylabs" / instructor.name
     mine = "return one_f_one_b_order(p, m)  #("  # the student's own answer, where the stub was

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import json
 import os
 import re
@@ -105,6 +106,9 @@ def record(check: str, verdict: str) -> None:
     path = recording_path()
     if path is None:
         return
+    if path != progress_path() and not path.exists():  # this kernel's own file: gone when it exits
+        atexit.register(path.unlink, missing_ok=True)
+        _sweep(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = load(path)
@@ -115,6 +119,20 @@ def record(check: str, verdict: str) -> None:
         os.replace(tmp, path)  # atomic: two kernels writing at once never leave half a file
     except OSError:
         pass
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the kernel files of processes that are gone (a kernel that was killed runs no atexit)."""
+    if os.name != "posix":  # os.kill(pid, 0) only asks on POSIX
+        return
+    for old in folder.glob("distlab-progress-instructor-*.json"):
+        pid = old.stem.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            old.unlink(missing_ok=True)
+        except (ValueError, OSError):  # not ours to judge: another user's process, or not a pid
+            continue
 
 
 def check_name() -> str | None:
