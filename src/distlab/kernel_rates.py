@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -57,10 +57,11 @@ def fit_line(work: Sequence[float], seconds: Sequence[float]) -> tuple[float, fl
     intercept kept >= 0 (a kernel cannot take less than no time). Needs two points of different work."""
     x, t = np.asarray(work, float), np.asarray(seconds, float)
     if x.size < 2 or np.ptp(x) == 0 or x.shape != t.shape:
-        raise ValueError(f"fit_line needs at least 2 points of different work and as many times, got {x.size} "
-                         f"work values and {t.size} times; time more sizes")
+        raise ValueError(f"fit_line needs at least 2 points of different work and as many times, got "
+                         f"{x.size} work values and {t.size} times; time more sizes")
     if np.any(t <= 0) or np.any(x <= 0):
-        raise ValueError("fit_line: every work value and time must be positive; a time <= 0 is a timing error")
+        raise ValueError("fit_line: every work value and time must be positive; a time <= 0 is a timing "
+                         "error")
     a = np.stack([x / t, 1 / t], axis=1)
     (slope, intercept), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     if intercept < 0:  # refit through the origin
@@ -159,7 +160,7 @@ def fp8_speedup(d: float, bf16: GemmCurve, fp8: GemmCurve, cast: CastCost) -> fl
     return bf16.seconds(d, d, d) / (fp8.seconds(d, d, d) + 2 * cast.seconds(d * d))
 
 
-@lru_cache(maxsize=None)
+@cache
 def fallback_cast(gpu: str = "H200") -> CastCost:
     """The cast at the quarter of the HBM roofline measured (`CAST_QUARTER`), its fixed cost fitted to
     `H200_FP8_SPEEDUP` (least squares on the log of the speed-up, both GEMMs at `GEMM_E_MAX`, a grid of
@@ -184,8 +185,8 @@ def fallback(gpu: str) -> KernelRates:
     p16, p8, w, src = SPECS[gpu]
     fit = fallback_cast("H200")
     cast = CastCost(fit.hbm_fraction, fit.fixed_s, w, fit.source)
-    return KernelRates(gpu, GemmCurve(GEMM_E_MAX, 0.0, p16, ISSUE_35), GemmCurve(GEMM_E_MAX, 0.0, p8, ISSUE_35),
-                       cast, w, H100_COPY_FRACTION, FLASH_EFFICIENCY, f"fallback ({src}; {ISSUE_35})")
+    bf16, fp8 = GemmCurve(GEMM_E_MAX, 0.0, p16, ISSUE_35), GemmCurve(GEMM_E_MAX, 0.0, p8, ISSUE_35)
+    return KernelRates(gpu, bf16, fp8, cast, w, H100_COPY_FRACTION, FLASH_EFFICIENCY, f"fallback ({src}; {ISSUE_35})")
 
 
 def from_report(gemm: dict, gpu: str) -> KernelRates:
@@ -205,5 +206,6 @@ def from_report(gemm: dict, gpu: str) -> KernelRates:
                                              [r["seconds"] for r in rows], p8, where))
     if len(gemm.get("cast", [])) >= 2:
         rows = gemm["cast"]
-        out = replace(out, cast=CastCost.fit([r["values"] for r in rows], [r["seconds"] for r in rows], w, where))
+        out = replace(out, cast=CastCost.fit([r["values"] for r in rows], [r["seconds"] for r in rows], w,
+                                             where))
     return replace(out, source=where)

@@ -32,7 +32,7 @@ candidate, which the planner's terms then use (`cost_model.step_time`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import cache
 
 from distlab.kernel_rates import KernelRates, fallback
 from distlab.memory.shape import block_weights, kv_width
@@ -67,7 +67,8 @@ def block_gemms(model: ModelSpec, tokens: int, tp: int = 1) -> list[tuple[int, i
     h, f = model.hidden, model.ffn or 4 * model.hidden
     q, kv = h, kv_width(h, model.heads, model.kv_heads)
     up = (2 if model.gated else 1) * f
-    return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp), (tokens, up // tp, h), (tokens, h, f // tp)]
+    return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp), (tokens, up // tp, h),
+            (tokens, h, f // tp)]
 
 
 def attention_seconds(model: ModelSpec, micro_batch: int, rates: KernelRates, tp: int = 1, cp: int = 1,
@@ -86,14 +87,22 @@ def attention_seconds(model: ModelSpec, micro_batch: int, rates: KernelRates, tp
     return 3 * 2 * micro_batch * heads * per_head + rates.memory_seconds(12 * VALUE_BYTES * scores)
 
 
-def memory_values(model: ModelSpec, tokens: int, tp: int = 1) -> float:
-    """Values moved by one micro-batch's memory-bound kernels, forward and backward (docstring)."""
+def block_memory_values(model: ModelSpec, tokens: int, tp: int = 1) -> float:
+    """Values one block's memory-bound kernels move, forward and backward (module docstring): the norms
+    and residual additions over T h (10 passes forward and 12 backward), the MLP's activation over its f/t
+    columns, the attention output's transpose over T h/t (2 and 2)."""
     h, f = model.hidden, (model.ffn or 4 * model.hidden) // tp
     act = (5 + 8) if model.gated else (2 + 3)
-    per_block = tokens * (10 * h + 12 * h + act * f + 4 * h // tp)
+    return tokens * (10 * h + 12 * h + act * f + 4 * h // tp)
+
+
+def memory_values(model: ModelSpec, tokens: int, tp: int = 1) -> float:
+    """Values moved by one micro-batch's memory-bound kernels: the blocks, the embedding, the final norm
+    and the loss (module docstring)."""
+    h = model.hidden
     embedding = tokens * (6 + 2) * h + 4 * model.vocab * h / tp
     final_norm_and_loss = tokens * (5 * h + 6 * model.vocab / tp)
-    return model.layers * per_block + embedding + final_norm_and_loss
+    return model.layers * block_memory_values(model, tokens, tp) + embedding + final_norm_and_loss
 
 
 def micro_batch_parts(model: ModelSpec, micro_batch: int, rates: KernelRates, tp: int = 1, cp: int = 1,
@@ -145,13 +154,11 @@ def block_seconds(timing: BlockTiming, rates: KernelRates) -> float:
                       gated=timing.gated)
     tokens, t = timing.micro_batch * timing.seq, timing.tp
     gemm = 3 * sum(rates.bf16.seconds(*g) for g in block_gemms(model, tokens, t))
-    embedding_and_loss = tokens * (8 + 5) * model.hidden + 4 * model.vocab * model.hidden / t + tokens * 6 / t
-    values = memory_values(model, tokens, t) - embedding_and_loss
     return gemm + attention_seconds(model, timing.micro_batch, rates, t) + rates.memory_seconds(
-        VALUE_BYTES * values)
+        VALUE_BYTES * block_memory_values(model, tokens, t))
 
 
-@lru_cache(maxsize=None)
+@cache
 def fallback_rates(gpu: str) -> KernelRates:
     """`kernel_rates.fallback(gpu)` with the bf16 GEMM curve's f_half fitted (bisection) so that the parts
     reproduce the 22B block this course timed on an H100 (`efficiency.MEASURED`); the Llama 3 block

@@ -46,7 +46,8 @@ CAST_BYTES = {"current": 5, "delayed": 3}
 
 
 def _gpu(gpu: str) -> tuple[float, float, float]:
-    """Peak bf16 and FP8 FLOP/s and HBM bytes/s (`distlab.kernel_rates.SPECS`: the catalog's H100, the H200)."""
+    """Peak bf16 and FP8 FLOP/s and HBM bytes/s (`distlab.kernel_rates.SPECS`: the catalog's H100, and
+    the H200)."""
     if gpu not in FP8_DENSE_TFLOPS:
         raise ValueError(f"gpu={gpu!r} has no FP8 peak in FP8_DENSE_TFLOPS; choose one of "
                          f"{', '.join(FP8_DENSE_TFLOPS)} (earlier GPUs have no FP8 Tensor Cores)")
