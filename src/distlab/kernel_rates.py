@@ -186,7 +186,8 @@ def fallback(gpu: str) -> KernelRates:
     fit = fallback_cast("H200")
     cast = CastCost(fit.hbm_fraction, fit.fixed_s, w, fit.source)
     bf16, fp8 = GemmCurve(GEMM_E_MAX, 0.0, p16, ISSUE_35), GemmCurve(GEMM_E_MAX, 0.0, p8, ISSUE_35)
-    return KernelRates(gpu, bf16, fp8, cast, w, H100_COPY_FRACTION, FLASH_EFFICIENCY, f"fallback ({src}; {ISSUE_35})")
+    return KernelRates(gpu, bf16, fp8, cast, w, H100_COPY_FRACTION, FLASH_EFFICIENCY,
+                       f"fallback ({src}; {ISSUE_35})")
 
 
 def from_report(gemm: dict, gpu: str) -> KernelRates:
