@@ -93,7 +93,8 @@ def test_the_text_report_carries_both_comparisons() -> None:
     rates = kernel_time.fallback_rates("H200")
     model = step.spec("gpt2-small", 12, 768, 12, 1024)
     measured = {"name": "gpt2-small", "measured_s": step.predictions(model, 8, rates, 0.52)["parts_s"],
-                "shape": {"layers": 12, "hidden": 768, "heads": 12, "batch": 8, "seq": 1024, "vocab": step.VOCAB}}
+                "shape": {"layers": 12, "hidden": 768, "heads": 12, "batch": 8, "seq": 1024,
+                          "vocab": step.VOCAB}}
     text = report.render({"environment": env, "tests": [], "gemm": {"comparison": comparison},
                           "step": step.compare_steps([measured], rates, 0.52)})
     assert "fp8/bf16 d=8192: measured 1.00x, roofline 1.60x" in text
