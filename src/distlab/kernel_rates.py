@@ -151,7 +151,7 @@ ISSUE_35 = "this course's code on one H200, torch 2.11.0+cu130 (issue 35)"
 GEMM_E_MAX = 0.75  # the middle of the 71-79 % of peak measured for bf16 and FP8 GEMMs (ISSUE_35)
 CAST_QUARTER = 0.25  # "casts at about a quarter of the HBM roofline" (ISSUE_35)
 H100_COPY_FRACTION = 0.82  # device-to-device copy, 2762 of 3350 GB/s (assets/gpu/nvidia-h100-80gb-hbm3-x1)
-# FlashAttention-2 reaches about 35 % of the H100's peak (Shah et al. 2024, FlashAttention-3, sec. 1).
+# FlashAttention-2 reaches about 35 % of the H100's peak (Shah et al. 2024, FlashAttention-3, abstract).
 FLASH_EFFICIENCY = 0.35
 
 
