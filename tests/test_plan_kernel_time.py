@@ -3,6 +3,8 @@ fallback against the two blocks timed on an H100; the planner's `kernels="parts"
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from distlab.kernel_rates import CastCost, GemmCurve, KernelRates
@@ -100,3 +102,16 @@ def test_planner_parts_equal_the_one_gpu_step_and_reject_unknown_gpus() -> None:
         Workload(8, kernels="fast")
     with pytest.raises(ValueError, match="gpu='A100' has no kernel rates"):
         step_time(gpt2, ClusterSpec("A100", 1, 1), Workload(8, kernels="parts"), one)
+
+
+def test_cli_kernels_parts(capsys) -> None:
+    from distlab.plan.__main__ import main
+
+    argv = ["--preset", "tiny", "--gpu", "H100", "--nodes", "1", "--batch", "16", "--top", "1", "--json"]
+    assert main(argv) == 0
+    block = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--kernels", "parts"]) == 0
+    parts = json.loads(capsys.readouterr().out)
+    assert (block["kernels"], parts["kernels"]) == ("block", "parts")
+    # the tiny model's small GEMMs run far below the 22B block's efficiency: the parts are slower
+    assert parts["candidates"][0]["time"]["total"] > block["candidates"][0]["time"]["total"]

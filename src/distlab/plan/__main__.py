@@ -124,7 +124,7 @@ def _header(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings
         "cluster": {"gpu": cluster.gpu, "nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
                     "gpus": cluster.gpus, "hbm_bytes": cluster.memory_bytes,
                     "intra_GBps": 1e-9 / cluster.intra.beta, "inter_GBps": 1e-9 / cluster.inter.beta},
-        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu),
+        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu), "kernels": workload.kernels,
         "assumptions": {"overlap": "dp overlaps the backward (FSDP, DDP) unless overlap_dp is false; tp, pp "
                         "and the cp ring's excess over attention are on the critical path",
                         "flops": "Narayanan et al. 2021 eq. (3) for the block's shape; recomputation adds a "
