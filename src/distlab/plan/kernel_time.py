@@ -46,7 +46,8 @@ ATTENTIONS = ("flash", "math")
 
 @dataclass(frozen=True)
 class Parts:
-    """Seconds of one GPU's share, part by part (module docstring)."""
+    """Seconds of one GPU's share, part by part (module docstring): `gemm` the blocks' products, `head`
+    the output layer's, `attention` the s x s core, `memory` the memory-bound kernels, `optimizer` Adam."""
 
     gemm: float
     head: float
