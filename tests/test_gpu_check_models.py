@@ -30,7 +30,8 @@ def test_grid_fit_and_fp8_comparison_with_fake_timings() -> None:
     section = {"device": "NVIDIA H200",
                "bf16": [{"m": m, "n": n, "k": k, "seconds": bf16.seconds(m, n, k)} for m, n, k in shapes],
                "fp8": [{"m": m, "n": n, "k": k, "seconds": fp8.seconds(m, n, k)} for m, n, k in shapes],
-               "cast": [{"values": v, "seconds": cast.seconds(v)} for v in gemm.CAST_SIZES]}
+               "cast": [{"values": v, "seconds": cast.seconds(v)} for v in gemm.CAST_SIZES],
+               "host_sync_seconds": 3e-5}
     rates = gemm.fit(section, "H200")
     assert (rates.bf16.e_max, rates.fp8.e_max, rates.cast.hbm_fraction) == (
         pytest.approx(0.7), pytest.approx(0.6), pytest.approx(0.3))
@@ -44,6 +45,8 @@ def test_grid_fit_and_fp8_comparison_with_fake_timings() -> None:
     text = "\n".join(gemm.render_lines(section))
     assert "gemm bf16: e_max 0.70 of peak, half of it at 3.0 GFLOP (6 shapes timed)" in text
     assert "cast bf16->e4m3 (compiled): 30 % of the HBM roofline + 5.0 us" in text
+    assert "host synchronisation (MasterWeights' check, per parameter tensor): 30.0 us" in text
+    assert rates.sync_s == 3e-5
     assert "fp8 break-even: measured" in text and "(within 1.5x)" in text
 
 

@@ -53,7 +53,8 @@ def test_curves_fitted_from_fake_timings_give_back_their_parameters() -> None:
 def test_from_report_uses_what_was_measured_and_the_fallback_for_the_rest() -> None:
     true = kr.GemmCurve(0.7, 2e10, kr.SPECS["H200"][0], "truth")
     rows = [{"m": d, "n": d, "k": d, "seconds": true.seconds(d, d, d)} for d in (1024, 4096, 16384)]
-    rates = kr.from_report({"device": "NVIDIA H200", "bf16": rows}, "H200")
+    rates = kr.from_report({"device": "NVIDIA H200", "bf16": rows, "host_sync_seconds": 4e-5}, "H200")
+    assert rates.sync_s == 4e-5 and kr.fallback("H200").sync_s == kr.HOST_SYNC_S
     assert rates.bf16.e_max == pytest.approx(0.7) and rates.bf16.f_half == pytest.approx(2e10, rel=1e-6)
     assert rates.fp8 == kr.fallback("H200").fp8 and "make gpu-check on NVIDIA H200" in rates.source
     with pytest.raises(ValueError, match="gpu='A100' has no kernel rates"):

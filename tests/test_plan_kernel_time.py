@@ -72,9 +72,13 @@ def test_memory_bound_terms_by_hand() -> None:
 def test_one_gpu_step_and_effective_efficiency() -> None:
     r = rates(e_max=0.5, flash=0.25, bandwidth=1e30)  # causal flash at e_max / 2 = the counted FLOPs at e_max
     assert kt.effective_efficiency(SMALL, 2, r) == pytest.approx(0.5)
-    step = kt.one_gpu_step(SMALL, 2, r)
-    assert step.optimizer == pytest.approx(40 * SMALL.params / 1e30)
+    assert kt.parameter_tensors(SMALL) == 2 * 12 + 2 + 2  # blocks; token and position tables; final norm
+    step = kt.one_gpu_step(SMALL, 2, r)  # MasterWeights: one host synchronisation per parameter tensor
+    assert step.optimizer == pytest.approx(40 * SMALL.params / 1e30 + 28 * r.sync_s)
     assert step.total == pytest.approx(kt.micro_batch_flops(SMALL, 2) / (0.5 * P) + step.optimizer)
+    adam = 40 * SMALL.params / 1e30
+    assert kt.one_gpu_step(SMALL, 2, r, per_tensor_sync=False).optimizer == pytest.approx(adam)
+    assert kt.one_gpu_step(SMALL, 2, r, precision="fp32").optimizer == pytest.approx(adam * 28 / 40)
     with pytest.raises(ValueError, match="micro_batch=0"):
         kt.micro_batch_parts(SMALL, 0, r)
 
@@ -92,7 +96,7 @@ def test_planner_parts_equal_the_one_gpu_step_and_reject_unknown_gpus() -> None:
     gpt2 = ModelSpec(12, 768, 12, 50257, 1024, name="gpt2-small")
     one = Candidate(1, 1, 1, 1, 0, "none", 8)
     parts = step_time(gpt2, ClusterSpec("H100", 1, 1), Workload(8, kernels="parts"), one)
-    want = kt.one_gpu_step(gpt2, 8, kt.fallback_rates("H100")).total
+    want = kt.one_gpu_step(gpt2, 8, kt.fallback_rates("H100"), per_tensor_sync=False).total
     assert parts.total == pytest.approx(want, rel=1e-9)
     block = step_time(gpt2, ClusterSpec("H100", 1, 1), Workload(8), one)
     assert block.total < 0.6 * parts.total  # the single eta of 0.52 is far too optimistic at h = 768

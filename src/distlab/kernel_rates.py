@@ -137,6 +137,7 @@ class KernelRates:
     hbm_fraction: float  # what memory-bound elementwise kernels reach
     flash_efficiency: float  # flash attention, of the bf16 peak, on the FLOPs it executes
     source: str
+    sync_s: float = 25e-6  # one host synchronisation with its launches (HOST_SYNC_S)
 
     @property
     def peak(self) -> float:
@@ -151,6 +152,10 @@ ISSUE_35 = "this course's code on one H200, torch 2.11.0+cu130 (issue 35)"
 GEMM_E_MAX = 0.75  # the middle of the 71-79 % of peak measured for bf16 and FP8 GEMMs (ISSUE_35)
 CAST_QUARTER = 0.25  # "casts at about a quarter of the HBM roofline" (ISSUE_35)
 H100_COPY_FRACTION = 0.82  # device-to-device copy, 2762 of 3350 GB/s (assets/gpu/nvidia-h100-80gb-hbm3-x1)
+# One host synchronisation (a flag copied to the host: the queue drains, then the host launches the next
+# kernels): an estimate, not a measurement, of a round trip and a few kernel launches of microseconds each,
+# as illustrative as chapter 8's latencies; make gpu-check measures it (`gpu_check.gemm.host_sync`).
+HOST_SYNC_S = 25e-6
 # FlashAttention-2 reaches about 35 % of the H100's peak (Shah et al. 2024, FlashAttention-3, abstract).
 FLASH_EFFICIENCY = 0.35
 
@@ -187,7 +192,7 @@ def fallback(gpu: str) -> KernelRates:
     cast = CastCost(fit.hbm_fraction, fit.fixed_s, w, fit.source)
     bf16, fp8 = GemmCurve(GEMM_E_MAX, 0.0, p16, ISSUE_35), GemmCurve(GEMM_E_MAX, 0.0, p8, ISSUE_35)
     return KernelRates(gpu, bf16, fp8, cast, w, H100_COPY_FRACTION, FLASH_EFFICIENCY,
-                       f"fallback ({src}; {ISSUE_35})")
+                       f"fallback ({src}; {ISSUE_35})", HOST_SYNC_S)
 
 
 def from_report(gemm: dict, gpu: str) -> KernelRates:
@@ -209,4 +214,6 @@ def from_report(gemm: dict, gpu: str) -> KernelRates:
         rows = gemm["cast"]
         out = replace(out, cast=CastCost.fit([r["values"] for r in rows], [r["seconds"] for r in rows], w,
                                              where))
+    if gemm.get("host_sync_seconds"):
+        out = replace(out, sync_s=gemm["host_sync_seconds"])
     return replace(out, source=where)

@@ -6,6 +6,7 @@ and in FP8, compiled casts, and FP8 against bf16 at five sizes, each beside its 
   FP8 Tensor Cores (compute capability 8.9 or later); each a median of CUDA-event timings.
 - `cast_grid`: the bf16 -> E4M3 cast with current scaling (amax, scale, saturate, convert), compiled with
   `torch.compile`, over sizes.
+- `host_sync`: the host round trip that `MasterWeights` pays once per parameter tensor.
 - `fp8_speedups`: t_bf16 / t_fp8 of a d x d x d product at d = 1,024 to 16,384, the FP8 one with the casts
   of both operands, as chapter 7's model prices it.
 
@@ -18,6 +19,7 @@ and the one fitted here) and the break-even beside the measured one, within chap
 from __future__ import annotations
 
 import statistics
+import time
 from functools import partial
 
 import torch
@@ -105,6 +107,19 @@ def fp8_speedups(device: torch.device, cast) -> list[dict]:
     return rows
 
 
+def host_sync(device: torch.device, values: int = 3072, repeats: int = 200) -> float:
+    """Seconds per parameter of `memory.precision.unscale_`'s check on a small gradient: isfinite, all,
+    the flag copied to the host (which waits for the GPU), the multiply; the median over `repeats`."""
+    g = torch.randn(values, device=device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _ = bool(torch.isfinite(g).all())
+        g.mul_(1.0)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def fit(section: dict, gpu: str) -> kernel_rates.KernelRates:
     """The rates this report's grid measured (`kernel_rates.from_report`)."""
     return kernel_rates.from_report(section, gpu)
@@ -150,6 +165,9 @@ def render_lines(section: dict | None) -> list[str]:
         if c:
             lines.append(f"gemm {name}: e_max {c['e_max']:.2f} of peak, half of it at "
                          f"{c['f_half'] / 1e9:.1f} GFLOP ({len(section.get(name, []))} shapes timed)")
+    if section.get("host_sync_seconds"):
+        lines.append(f"host synchronisation (MasterWeights' check, per parameter tensor): "
+                     f"{section['host_sync_seconds'] * 1e6:.1f} us")
     cast = section.get("fitted", {}).get("cast")
     if cast:
         lines.append(f"cast bf16->e4m3 (compiled): {100 * cast['hbm_fraction']:.0f} % of the HBM roofline "
@@ -179,7 +197,7 @@ def measure(device: int = 0) -> dict:
     dev = torch.device("cuda", device)
     name = torch.cuda.get_device_name(dev)
     gpu = "H200" if "H200" in name.upper() else catalog_gpu(name)
-    section = {"device": name, **gemm_grid(dev)}
+    section = {"device": name, **gemm_grid(dev), "host_sync_seconds": host_sync(dev)}
     if has_fp8(dev):
         cast = torch.compile(cast_to_fp8)
         section["cast"] = cast_grid(dev, cast)

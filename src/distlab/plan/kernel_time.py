@@ -22,7 +22,9 @@ forward and backward costs, part by part, and the optimizer step.
 - **optimizer**: once per step, Adam over this GPU's parameters: reads the parameter, its gradient and
   both moments and writes three of them (7 x 4 bytes); with fp32 master weights (Micikevicius et al. 2018,
   `memory.precision.MasterWeights`) also the bf16 gradient's cast to fp32 (2 + 4) and the copy back into
-  the bf16 weights (4 + 2): 40 bytes per parameter.
+  the bf16 weights (4 + 2): 40 bytes per parameter. And this course's `MasterWeights.step` checks every
+  gradient for an inf or a NaN with `bool(torch.isfinite(g).all())` (`memory.precision.unscale_`): one
+  host synchronisation per parameter tensor, each `rates.sync_s` with the GPU idle (`one_gpu_step`).
 
 `micro_batch_parts` gives these seconds for one micro-batch of b sequences of s/c tokens on one GPU;
 `one_gpu_step` a whole step of one GPU; `effective_efficiency` the eta that the parts imply for a
@@ -126,11 +128,22 @@ def optimizer_seconds(params: float, rates: KernelRates, precision: str = "mixed
     return rates.memory_seconds(OPTIMIZER_BYTES[precision] * params)
 
 
+def parameter_tensors(model: ModelSpec) -> int:
+    """The parameter tensors of `distlab.models.GPT` (with biases): per block two LayerNorms and four
+    linear layers, a weight and a bias each (12; a gated MLP one more); the token embedding, the position
+    embedding, an untied output layer, the final LayerNorm's two."""
+    embeddings = 1 + int(model.positions) + int(not model.tied)
+    return model.layers * (12 + int(model.gated)) + embeddings + 2
+
+
 def one_gpu_step(model: ModelSpec, micro_batch: int, rates: KernelRates, precision: str = "mixed",
-                 attention: str = "flash") -> Parts:
-    """A whole step on one GPU: one micro-batch forward and backward, then Adam over every parameter."""
+                 attention: str = "flash", per_tensor_sync: bool = True) -> Parts:
+    """A whole step on one GPU: one micro-batch forward and backward, then Adam over every parameter; with
+    `precision="mixed"` and `per_tensor_sync`, `MasterWeights`' host synchronisation per parameter tensor."""
     p = micro_batch_parts(model, micro_batch, rates, attention=attention)
-    return Parts(p.gemm, p.head, p.attention, p.memory, optimizer_seconds(model.params, rates, precision))
+    syncs = parameter_tensors(model) if (precision == "mixed" and per_tensor_sync) else 0
+    optimizer = optimizer_seconds(model.params, rates, precision) + syncs * rates.sync_s
+    return Parts(p.gemm, p.head, p.attention, p.memory, optimizer)
 
 
 def micro_batch_flops(model: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1) -> float:
