@@ -14,9 +14,9 @@ tensor twice (its amax, then the scaled copy) and writes one byte per value, 5 n
 are straight lines in the work, so `fit_line` fits either from timed points by least squares on the
 relative error (what `make gpu-check` measures, `distlab.gpu_check.gemm`).
 
-Fallbacks (`FALLBACK`), where no grid was measured, are this course's own measurements on GPU nodes
-(issue 35 of the course's tracker, torch 2.11.0+cu130): on one H200, bf16 and FP8 GEMMs of square sizes
-1,024 to 16,384 ran at 71 to 79 % of their peaks (e_max 0.75, their middle) and compiled casts at about a
+The fallbacks (`fallback`), where no grid was measured, are this course's own measurements on GPU nodes
+(issue 35 of the course's tracker, torch 2.11.0+cu130): on one H200, the bf16 and FP8 GEMMs of an FP8
+comparison ran at 71 to 79 % of their peaks (e_max 0.75, the middle) and its compiled casts at about a
 quarter of the HBM roofline; the FP8-over-bf16 speed of a d x d x d product with both casts was 0.13x,
 0.18x, 0.62x, 1.00x and 1.39x at d = 1,024 to 16,384 (`H200_FP8_SPEEDUP`), to which `fallback_cast`
 fits the cast's fixed cost. The H100 has the H200's compute (the same GH100 chip and peaks; NVIDIA 2024,
