@@ -41,11 +41,17 @@ def test_grid_fit_and_fp8_comparison_with_fake_timings() -> None:
         assert row["fitted"] == pytest.approx(row["measured"], rel=1e-6)
     assert got["within_goal"]
     section["fitted"] = {"bf16": vars(rates.bf16), "fp8": vars(rates.fp8), "cast": vars(rates.cast)}
+    section["grid"] = gemm.grid_comparison(section["bf16"], bf16)  # against the curve that made them
+    assert section["grid"]["min_ratio"] == pytest.approx(1) == section["grid"]["max_ratio"]
+    half = kernel_rates.GemmCurve(0.35, 3e9, bf16.peak, "half")  # half the efficiency: twice the time
+    assert gemm.grid_comparison(section["bf16"], half)["max_ratio"] == pytest.approx(2)
+    assert section["grid"]["rows"][0]["measured_efficiency"] == pytest.approx(bf16.efficiency(2 * 512**3))
     section["comparison"] = got
     text = "\n".join(gemm.render_lines(section))
     assert "gemm bf16: e_max 0.70 of peak, half of it at 3.0 GFLOP (6 shapes timed)" in text
     assert "cast bf16->e4m3 (compiled): 30 % of the HBM roofline + 5.0 us" in text
     assert "host synchronisation (MasterWeights' check, per parameter tensor): 30.0 us" in text
+    assert "predicted / measured time 1.00 to 1.00 over 6 shapes" in text
     assert rates.sync_s == 3e-5
     assert "fp8 break-even: measured" in text and "(within 1.5x)" in text
 

@@ -125,6 +125,17 @@ def fit(section: dict, gpu: str) -> kernel_rates.KernelRates:
     return kernel_rates.from_report(section, gpu)
 
 
+def grid_comparison(rows: list[dict], curve: kernel_rates.GemmCurve) -> dict:
+    """Each timed product's efficiency beside `curve`'s (the step-time model's fallback), and the range of
+    predicted / measured times."""
+    table = [{"m": r["m"], "n": r["n"], "k": r["k"],
+              "measured_efficiency": 2.0 * r["m"] * r["n"] * r["k"] / (curve.peak * r["seconds"]),
+              "predicted_efficiency": curve.efficiency(2.0 * r["m"] * r["n"] * r["k"]),
+              "ratio": curve.seconds(r["m"], r["n"], r["k"]) / r["seconds"]} for r in rows]
+    ratios = [t["ratio"] for t in table]
+    return {"rows": table, "min_ratio": min(ratios), "max_ratio": max(ratios), "source": curve.source}
+
+
 def measured_break_even(rows: list[dict]) -> float | None:
     """The smallest measured d at which FP8 pays (speed-up >= 1), interpolated in log d between the two
     sizes around it; None if it never pays."""
@@ -165,6 +176,10 @@ def render_lines(section: dict | None) -> list[str]:
         if c:
             lines.append(f"gemm {name}: e_max {c['e_max']:.2f} of peak, half of it at "
                          f"{c['f_half'] / 1e9:.1f} GFLOP ({len(section.get(name, []))} shapes timed)")
+    grid = section.get("grid")
+    if grid:
+        lines.append(f"gemm bf16 grid against the step model's fallback curve: predicted / measured time "
+                     f"{grid['min_ratio']:.2f} to {grid['max_ratio']:.2f} over {len(grid['rows'])} shapes")
     if section.get("host_sync_seconds"):
         lines.append(f"host synchronisation (MasterWeights' check, per parameter tensor): "
                      f"{section['host_sync_seconds'] * 1e6:.1f} us")
@@ -203,6 +218,9 @@ def measure(device: int = 0) -> dict:
         section["cast"] = cast_grid(dev, cast)
         section["speedup"] = fp8_speedups(dev, cast)
     if gpu in kernel_rates.SPECS:
+        from distlab.plan.kernel_time import fallback_rates
+
+        section["grid"] = grid_comparison(section["bf16"], fallback_rates(gpu).bf16)
         rates = fit(section, gpu)
         section["fitted"] = {"bf16": asdict(rates.bf16), "fp8": asdict(rates.fp8), "cast": asdict(rates.cast)}
         if section.get("speedup"):
