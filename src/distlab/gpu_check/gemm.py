@@ -215,6 +215,10 @@ def measure(device: int = 0) -> dict:
     section = {"device": name, **gemm_grid(dev), "host_sync_seconds": host_sync(dev)}
     if has_fp8(dev):
         cast = torch.compile(cast_to_fp8)
+        try:
+            cast(torch.ones(16, device=dev, dtype=torch.bfloat16))
+        except Exception as e:  # no compiler on this node: time the eager cast, and say so
+            cast, section["cast_note"] = cast_to_fp8, f"torch.compile failed ({type(e).__name__}): eager cast"
         section["cast"] = cast_grid(dev, cast)
         section["speedup"] = fp8_speedups(dev, cast)
     if gpu in kernel_rates.SPECS:
