@@ -183,6 +183,8 @@ def render_lines(section: dict | None) -> list[str]:
     if section.get("host_sync_seconds"):
         lines.append(f"host synchronisation (MasterWeights' check, per parameter tensor): "
                      f"{section['host_sync_seconds'] * 1e6:.1f} us")
+    if section.get("cast_note"):
+        lines.append(f"cast: {section['cast_note']}")
     cast = section.get("fitted", {}).get("cast")
     if cast:
         lines.append(f"cast bf16->e4m3 (compiled): {100 * cast['hbm_fraction']:.0f} % of the HBM roofline "
