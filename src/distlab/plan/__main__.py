@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
                    "multiple of dp x micro-batch when they do not divide it)")
     c.add_argument("--efficiency", type=REAL, help="fraction of peak FLOP/s the kernels reach; default: the "
                    "GPU's measured value (distlab.plan.efficiency)")
+    c.add_argument("--kernels", choices=("block", "parts"), default="block", help="block: one measured "
+                   "efficiency per GPU type; parts: each part of a step priced where it runs "
+                   "(distlab.plan.kernel_time; H100 only)")
     s = p.add_argument_group("search space (or, with all of --dp --tp --pp --cp, one pinned configuration)")
     for name in PIN:
         s.add_argument(f"--{name}", type=WHOLE, help=f"pin the {name} size")
@@ -90,7 +93,7 @@ def _inputs(a: argparse.Namespace, p: argparse.ArgumentParser
         return run.model_spec(), run.cluster(), run.workload(a.efficiency), run.settings, run
     cluster = ClusterSpec(a.gpu, a.nodes, a.gpus_per_node, a.intra_GBps, a.inter_GBps, a.hbm_gb)
     settings = Settings(usable_memory=a.usable_memory, cp_split=a.cp_split)
-    return _model(a, p), cluster, Workload(a.batch, a.efficiency), settings, None
+    return _model(a, p), cluster, Workload(a.batch, a.efficiency, a.kernels), settings, None
 
 
 def _pinned_candidate(a: argparse.Namespace, p: argparse.ArgumentParser) -> Candidate | None:
@@ -121,7 +124,7 @@ def _header(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings
         "cluster": {"gpu": cluster.gpu, "nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
                     "gpus": cluster.gpus, "hbm_bytes": cluster.memory_bytes,
                     "intra_GBps": 1e-9 / cluster.intra.beta, "inter_GBps": 1e-9 / cluster.inter.beta},
-        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu),
+        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu), "kernels": workload.kernels,
         "assumptions": {"overlap": "dp overlaps the backward (FSDP, DDP) unless overlap_dp is false; tp, pp "
                         "and the cp ring's excess over attention are on the critical path",
                         "flops": "Narayanan et al. 2021 eq. (3) for the block's shape; recomputation adds a "

@@ -196,15 +196,23 @@ class ClusterSpec:
         return MachineParams(self.latencies.network, 1e-9 / gbps)
 
 
+KERNEL_MODELS = ("block", "parts")
+
+
 @dataclass(frozen=True)
 class Workload:
     """The global batch in sequences, and eta, the fraction of peak FLOP/s the block's kernels reach (None:
-    the GPU type's measured value, `distlab.plan.efficiency.EFFICIENCY`)."""
+    the GPU type's measured value, `distlab.plan.efficiency.EFFICIENCY`). `kernels="parts"` prices each
+    part of a step where it runs instead (`distlab.plan.kernel_time`: GEMMs by their size, attention by
+    its kernel, memory-bound work and the optimizer step by bytes); an explicit `efficiency` overrides it."""
 
     batch: int
     efficiency: float | None = None
+    kernels: str = "block"  # "block": one eta per GPU type; "parts": `plan.kernel_time` prices each part
 
     def __post_init__(self) -> None:
+        if self.kernels not in KERNEL_MODELS:
+            raise ValueError(f"kernels={self.kernels!r} is unknown; choose one of {', '.join(KERNEL_MODELS)}")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"batch={self.batch!r} must be a positive integer number of sequences, e.g. 512")
         limits.check_int("batch", self.batch, 1)
