@@ -136,8 +136,7 @@ def smi_gpus(smi: SmiRunner, nvlink_status: str | None) -> tuple[list[GPUInfo], 
 
 
 def gpu_model(name: str) -> str | None:
-    """Catalog GPU for a device name ("NVIDIA A100-SXM4-80GB" -> "A100"); None when the catalog has none."""
-    for row in catalog.TABLES["gpu"]:
-        if re.search(rf"\b{row.name}\b", name, re.IGNORECASE):
-            return row.name
-    return None
+    """Catalog GPU for a device name ("NVIDIA A100-SXM4-80GB" -> "A100", "NVIDIA H200" -> "H200"); None when
+    the catalog has none (`catalog.gpu_for_device`, which says how names are matched)."""
+    row = catalog.gpu_for_device(name)
+    return None if row is None else row.name
