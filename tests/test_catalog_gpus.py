@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distlab import catalog, doctor
+from distlab.gpu_check import block
 from distlab.hardware import bench
 from distlab.hardware.probe import gpus as probe_gpus
 from distlab.plan.__main__ import main as plan_main
@@ -34,6 +35,7 @@ def test_catalog_finds_the_device_names_torch_reports(name: str) -> None:
     row = catalog.gpu_for_device(name)
     assert (row.name if row else None) == DEVICE_NAMES[name]
     assert probe_gpus.gpu_model(name) == DEVICE_NAMES[name]
+    assert block.catalog_gpu(name) == DEVICE_NAMES[name]  # gpu-check's block timing: eta against this peak
 
 
 def test_every_catalog_entry_has_a_source_in_the_bibliography() -> None:

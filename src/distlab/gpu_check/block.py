@@ -161,11 +161,10 @@ def time_block(s: BlockShape, device: torch.device, dtype: torch.dtype = torch.b
 
 
 def catalog_gpu(name: str) -> str | None:
-    """The catalog's GPU type for a device name such as 'NVIDIA H100 80GB HBM3' (None: not in the catalog)."""
-    for gpu in ("H200", "H100", "A100", "V100"):
-        if gpu in name.upper():
-            return gpu if gpu in catalog.names("gpu") else None
-    return None
+    """The catalog's GPU type for a device name such as 'NVIDIA H100 80GB HBM3' (None: not in the catalog;
+    `catalog.gpu_for_device` says how names are matched)."""
+    row = catalog.gpu_for_device(name)
+    return None if row is None else row.name
 
 
 def block_efficiency(device: int = 0, repeats: int = 10) -> list[dict]:
