@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab import catalog, doctor
+from distlab import catalog, device_names, doctor
 from distlab.gpu_check import block
 from distlab.hardware import bench
 from distlab.hardware.probe import gpus as probe_gpus
@@ -32,7 +32,7 @@ DEVICE_NAMES = {
 
 @pytest.mark.parametrize("name", DEVICE_NAMES)
 def test_catalog_finds_the_device_names_torch_reports(name: str) -> None:
-    row = catalog.gpu_for_device(name)
+    row = device_names.gpu_for_device(name)
     assert (row.name if row else None) == DEVICE_NAMES[name]
     assert probe_gpus.gpu_model(name) == DEVICE_NAMES[name]
     assert block.catalog_gpu(name) == DEVICE_NAMES[name]  # gpu-check's block timing: eta against this peak
@@ -82,7 +82,7 @@ def test_new_gpus_are_the_vendor_totals_divided_per_gpu_and_by_two_for_dense() -
 def test_plan_cli_accepts_each_gpu(gpu: str, capsys: pytest.CaptureFixture[str]) -> None:
     status = plan_main(["--preset", "tiny", "--gpu", gpu, "--nodes", "2", "--batch", "16", "--json"])
     out = json.loads(capsys.readouterr().out)
-    name = catalog.gpu_for_device(gpu).name
+    name = device_names.gpu_for_device(gpu).name
     assert status == 0 and out["cluster"]["gpu"] == name
     assert out["cluster"]["hbm_bytes"] == catalog.lookup("gpu", name).memory_GB * 1e9 or name == "H100"
     assert out["cluster"]["intra_GBps"] == catalog.lookup("gpu", name).nvlink_GBps_per_direction

@@ -11,66 +11,19 @@ direction and units. Conventions, stated once and kept everywhere:
   stored per-lane or per-link figures, so that the headline numbers vendors print are checked, not typed.
 
 `lookup(table, name)` finds a row by name (case-insensitive) and names the known rows when it cannot;
-`gpu_for_device(name)` finds the GPU row for a device name as torch reports it ("NVIDIA H200");
 `markdown_table(table)` renders a table for the book (tests check that the book prints exactly that).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+# The row types with no lookup of their own, in a file of their own; re-exported here.
+from distlab.catalog_rows import InfiniBandSpeed, NVLinkGen, PCIeGen, Server
 
-@dataclass(frozen=True)
-class PCIeGen:
-    """One PCI Express generation (PCI-SIG base specifications)."""
-
-    name: str
-    gt_per_s: float  # transfers per second per lane, in GT/s (one bit per transfer up to 5.0, NRZ)
-    encoding: str
-    efficiency: float  # data bits / line bits after the encoding (6.0: data bytes / FLIT bytes)
-    source: str
-    note: str
-
-    @property
-    def lane_GBps_per_direction(self) -> float:
-        """GB/s of one lane, one direction, after the encoding: GT/s x efficiency / 8 bits per byte.
-        Packet headers and flow control come on top (the same for every row), so copies see less."""
-        return self.gt_per_s * self.efficiency / 8
-
-    def link_GBps_per_direction(self, lanes: int = 16) -> float:
-        """GB/s of an x`lanes` link, one direction."""
-        if lanes not in (1, 2, 4, 8, 16):
-            raise ValueError(f"lanes={lanes!r} is not a PCIe link width; use 1, 2, 4, 8 or 16")
-        return lanes * self.lane_GBps_per_direction
-
-
-@dataclass(frozen=True)
-class NVLinkGen:
-    """One NVLink generation as used by its first data-centre GPU."""
-
-    name: str
-    gpu: str
-    links_per_gpu: int
-    link_GBps_per_direction: float
-    source: str
-    note: str
-
-    @property
-    def link_GBps_bidirectional(self) -> float:
-        """One link, both directions added (the figure NVIDIA quotes per link)."""
-        return 2 * self.link_GBps_per_direction
-
-    @property
-    def gpu_GBps_per_direction(self) -> float:
-        """All of one GPU's links, one direction."""
-        return self.links_per_gpu * self.link_GBps_per_direction
-
-    @property
-    def gpu_GBps_bidirectional(self) -> float:
-        """All of one GPU's links, both directions added (NVIDIA's headline figure per GPU)."""
-        return 2 * self.gpu_GBps_per_direction
+__all__ = ["GPU", "InfiniBandSpeed", "NVLinkGen", "NVSwitchGen", "PCIeGen", "Server", "TABLES", "as_dicts",
+           "lookup", "markdown_table", "names"]
 
 
 @dataclass(frozen=True)
@@ -113,54 +66,6 @@ class GPU:
     def nvlink_GBps_per_direction(self) -> float:
         """All of this GPU's NVLinks, one direction (from its NVLink generation's row)."""
         return lookup("nvlink", self.nvlink).gpu_GBps_per_direction
-
-    def summary(self) -> str:
-        """One line for `distlab doctor`: memory, peaks and NVLink, each labelled dense or per direction."""
-        peaks = [f"{self.dense_16bit_tflops:g} FP16/BF16"]
-        peaks += [f"{v:g} {k}" for k, v in (("FP8", self.dense_fp8_tflops), ("FP4", self.dense_fp4_tflops))
-                  if v is not None]
-        memory = f"{self.memory_GB:g} GB HBM at " if self.memory_GB is not None else "HBM at "
-        return (f"{self.name} ({self.architecture}): {memory}{self.memory_GBps:g} GB/s; dense TFLOPS "
-                f"{', '.join(peaks)}; {self.nvlink}, {self.nvlink_GBps_per_direction:g} GB/s per direction")
-
-
-@dataclass(frozen=True)
-class Server:
-    """One multi-GPU server: how its GPUs are wired together and to the network."""
-
-    name: str
-    gpu: str
-    gpus: int
-    gpu_fabric: str  # "hybrid cube-mesh", or "NVSwitch" (every GPU one hop from every other)
-    nvswitch: str | None
-    nvswitches: int | None
-    nics: int | None  # network ports for GPU traffic (InfiniBand HCAs)
-    nic_Gbps: float | None  # per NIC, per direction, Gb/s
-    source: str
-    note: str
-
-    @property
-    def nic_GBps_per_direction(self) -> float | None:
-        """One NIC, one direction, in GB/s (Gb/s / 8)."""
-        return None if self.nic_Gbps is None else self.nic_Gbps / 8
-
-
-@dataclass(frozen=True)
-class InfiniBandSpeed:
-    """One InfiniBand data rate (InfiniBand Trade Association roadmap)."""
-
-    name: str
-    lane_signal_Gbps: float | None  # line rate of one lane, before encoding (None: not verified here)
-    encoding: str
-    lane_data_Gbps: float  # payload rate of one lane after encoding, one direction
-    x4_Gbps: float  # the rate a 4x port is sold as, one direction
-    source: str
-    note: str
-
-    @property
-    def x4_data_GBps_per_direction(self) -> float:
-        """Payload GB/s of a 4x port, one direction: 4 lanes x lane data rate / 8."""
-        return 4 * self.lane_data_Gbps / 8
 
 
 _DIR = "per direction; "
@@ -322,29 +227,6 @@ def lookup(table: str, name: str) -> Any:
             return row
     raise ValueError(f"unknown {table} {name!r}; known: {', '.join(names(table))} "
                      f"(add a row with its source to distlab.catalog.TABLES[{table!r}])")
-
-
-# Words in a device name that mark a different product from the catalog's SXM row of the same chip: a PCIe
-# card ("NVIDIA H100 PCIe", "NVIDIA A100-PCIE-40GB") or an NVL board ("NVIDIA H100 NVL", "NVIDIA H200 NVL"),
-# with other clocks, power and often other memory.
-OTHER_FORM_FACTORS = ("PCIE", "NVL")
-
-
-def gpu_for_device(device_name: str) -> GPU | None:
-    """The catalog's GPU for a device name as torch or nvidia-smi print it, or None.
-
-    "NVIDIA H100 80GB HBM3" -> H100, "NVIDIA H200" -> H200, "NVIDIA B200" -> B200, "NVIDIA GB200" -> GB200,
-    "Tesla V100-SXM2-16GB" -> V100. The name is split into words at spaces, hyphens and underscores and a
-    row matches only a whole word, so "NVIDIA GB200" is not a B200 and "NVIDIA GH200 480GB" not an H200.
-    A PCIe or NVL product (`OTHER_FORM_FACTORS`) gets None: its peaks are not the SXM row's.
-    """
-    words = re.split(r"[\s\-_/]+", str(device_name).upper())
-    if any(w in OTHER_FORM_FACTORS for w in words):
-        return None
-    for row in TABLES["gpu"]:
-        if row.name.upper() in words:
-            return row
-    return None
 
 
 def as_dicts(table: str) -> list[dict[str, Any]]:

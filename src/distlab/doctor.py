@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distlab import catalog
+from distlab import catalog, device_names
 from distlab.doctor_network import describe as describe_network
 from distlab.doctor_network import network_env
 
@@ -54,10 +54,11 @@ class GPU:
 
     @property
     def spec(self) -> str:
-        """The catalog's figures for this device (`distlab.catalog.gpu_for_device`), or why there are none."""
-        row = catalog.gpu_for_device(self.name)
+        """The catalog's figures for this device (`distlab.device_names`), or why there are none."""
+        row = device_names.gpu_for_device(self.name)
         held = ", ".join(catalog.names("gpu"))
-        return row.summary() if row else f"not in distlab.catalog (it holds {held}; PCIe, NVL cards differ)"
+        return (device_names.describe(row) if row
+                else f"not in distlab.catalog (it holds {held}; PCIe and NVL cards differ)")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from distlab import catalog
+from distlab import catalog, device_names
 from distlab.hardware import probe
 from distlab.hardware.probe import gpus as probe_gpus
 from distlab.hardware.probe import host as probe_host
@@ -96,8 +96,8 @@ def host_copy(nbytes: int = 64 << 20, repeats: int = 5) -> Result:
 # --------------------------------------------------------------------------------------------------
 
 def _gpu_spec(index: int) -> Any:
-    """The catalog row of CUDA device `index` (`catalog.gpu_for_device`), or None."""
-    return catalog.gpu_for_device(torch.cuda.get_device_name(index))
+    """The catalog row of CUDA device `index` (`device_names.gpu_for_device`), or None."""
+    return device_names.gpu_for_device(torch.cuda.get_device_name(index))
 
 
 def not_in_catalog(index: int = 0) -> str:

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from distlab import catalog
+from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.cost_model import RECOMPUTE
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
@@ -33,7 +33,7 @@ WHOLE, REAL = at_least(1), at_least(1e-300, float)
 def gpu_name(text: str) -> str:
     """--gpu's value as a catalog name: "h200", "NVIDIA H200" and "NVIDIA H100 80GB HBM3" all work; an
     unknown name is passed on for argparse to refuse with the list of choices."""
-    row = catalog.gpu_for_device(text)
+    row = device_names.gpu_for_device(text)
     if row is not None:
         return row.name
     known = {g.lower(): g for g in HBM_GB}
