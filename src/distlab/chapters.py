@@ -168,7 +168,7 @@ def contributing_packages() -> str:
 
 
 # The generated tables: (file, marker name, the function that prints it). tools/chapter_tables.py writes
-# each after the line `<!-- chapters.py: NAME -->` of its file.
+# each after the line `<!-- chapters.py: NAME ... -->` of its file and an empty line.
 GENERATED = (("README.md", "chapters", readme_chapters), ("README.md", "entry-points", readme_entry_points),
              ("CONTRIBUTING.md", "packages", contributing_packages))
 
@@ -183,7 +183,9 @@ def rewrite(text: str, name: str, table: str) -> str:
     lines = text.split("\n")
     if marker(name) not in lines:
         raise ValueError(f"no line {marker(name)!r}: put it where the {name} table belongs")
-    start = lines.index(marker(name)) + 1
+    start = lines.index(marker(name)) + 1  # then one empty line (Markdown starts the table as a new block)
+    lines[start:start] = [] if start < len(lines) and lines[start] == "" else [""]
+    start += 1
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
