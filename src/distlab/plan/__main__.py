@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.cost_model import RECOMPUTE
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
@@ -27,6 +28,16 @@ from distlab.plan.report import table
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
 PIN = ("dp", "tp", "pp", "cp")
 WHOLE, REAL = at_least(1), at_least(1e-300, float)
+
+
+def gpu_name(text: str) -> str:
+    """--gpu's value as a catalog name: "h200", "NVIDIA H200" and "NVIDIA H100 80GB HBM3" all work; an
+    unknown name is passed on for argparse to refuse with the list of choices."""
+    row = device_names.gpu_for_device(text)
+    if row is not None:
+        return row.name
+    known = {g.lower(): g for g in HBM_GB}
+    return known.get(text.strip().lower(), text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ffn", type=WHOLE, help="the MLP's hidden size; default: 4 x hidden")
     g.add_argument("--gated", action="store_true", help="a gated (SwiGLU) MLP: three h x ffn matrices")
     c = p.add_argument_group("cluster and batch")
-    c.add_argument("--gpu", default="A100", choices=sorted(HBM_GB), help="GPU type (distlab.catalog)")
+    c.add_argument("--gpu", default="A100", type=gpu_name, choices=sorted(HBM_GB),
+                   help="GPU type (distlab.catalog); a device name as torch prints it also works")
     c.add_argument("--nodes", type=WHOLE, default=1, help="servers")
     c.add_argument("--gpus-per-node", type=WHOLE, default=8, help="GPUs per server")
     c.add_argument("--intra-GBps", type=REAL, help="NVLink GB/s per GPU per direction; default: catalog")

@@ -30,6 +30,9 @@ HBM_GB = {
     "V100": (32.0, "nvidia2017v100", "the 32 GB SXM2 part"),
     "A100": (80.0, "nvidia2021a100", "the 80 GB SXM4 part (a 40 GB part exists too)"),
     "H100": (80.0, "nvidia2023h100", "SXM5, 80 GB HBM3"),
+    # The newer GPUs: the catalog's row is the part the planner models (its memory_GB, with its source).
+    **{g: (catalog.lookup("gpu", g).memory_GB, catalog.lookup("gpu", g).source, "the catalog's row")
+       for g in ("H200", "B200", "GB200")},
 }
 
 
