@@ -21,8 +21,8 @@ quarter of the HBM roofline; the FP8-over-bf16 speed of a d x d x d product with
 0.18x, 0.62x, 1.00x and 1.39x at d = 1,024 to 16,384 (`H200_FP8_SPEEDUP`), to which `fallback_cast`
 fits the cast's fixed cost. The H100 has the H200's compute (the same GH100 chip and peaks; NVIDIA 2024,
 the H200 product page) and carries its GEMM curve; its memory-bound work runs at the 82 % of its HBM
-bandwidth that `make gpu-check` measured for a device-to-device copy (`assets/gpu/`). The H200's peaks and
-bandwidth are not in `distlab.catalog` (chapter 8's table) and are held in `SPECS` with their source.
+bandwidth that `make gpu-check` measured for a device-to-device copy (`assets/gpu/`). The peaks and
+bandwidths come from `distlab.catalog` (chapter 8's table), with their sources.
 """
 
 from __future__ import annotations
@@ -36,15 +36,17 @@ import numpy as np
 
 from distlab import catalog
 
-# Peak dense (no sparsity) bf16 and FP8 Tensor Core FLOP/s and HBM bytes/s. H100 SXM5: `distlab.catalog`
-# (nvidia2022hopper) for bf16 and HBM, the whitepaper's Table 2 for FP8 (1,978.9 dense). H200 SXM:
-# NVIDIA's H200 page (nvidia2024h200) prints 1,979 TFLOPS bf16 and 3,958 FP8 "with sparsity" (dense is
-# half), 4.8 TB/s of HBM3e, 141 GB.
-SPECS = {
-    "H100": (catalog.lookup("gpu", "H100").dense_16bit_tflops * 1e12, 1978.9e12,
-             catalog.lookup("gpu", "H100").memory_GBps * 1e9, "nvidia2022hopper"),
-    "H200": (1979e12 / 2, 3958e12 / 2, 4.8e12, "nvidia2024h200"),
-}
+# Peak dense (no sparsity) bf16 and FP8 Tensor Core FLOP/s and HBM bytes/s, from chapter 8's catalog, where
+# each row carries its source (H100 SXM5: nvidia2022hopper; H200 SXM: nvidia2024h200, whose page prints the
+# "with sparsity" figures, twice these).
+
+
+def _spec(gpu: str) -> tuple[float, float, float, str]:
+    row = catalog.lookup("gpu", gpu)
+    return row.dense_16bit_tflops * 1e12, row.dense_fp8_tflops * 1e12, row.memory_GBps * 1e9, row.source
+
+
+SPECS = {gpu: _spec(gpu) for gpu in ("H100", "H200")}
 
 # FP8 (tensorwise, current scaling, casts compiled) over bf16 speed of a d x d x d matmul on one H200,
 # measured with this course's code (issue 35): (d, t_bf16 / t_fp8).
