@@ -12,9 +12,18 @@ one or more *rounds*; round k goes:
    The quorum's `step` is the largest step among its members; a member behind it heals from `source`
    (`heal.py`). Its `quorum_id` stays that of round k-1 when the members and the last commit are the
    same (the replicas keep their process group), and becomes k otherwise (a fresh group);
-3. commit: after the gradient average each member votes ok or not (`should_commit`); the step is
-   applied only if every member voted ok. A replica killed mid-step never votes: the others see its
-   heartbeat stop, drop the step, and redo it in round k+1 without it. No step is lost; one attempt is.
+3. decide: after the gradient average each member votes "ok", "failed" (its collective raised) or
+   "nonfinite" (the averaged gradient or loss holds a NaN or an infinity), and tallies the votes: every
+   member's vote "ok" gives "commit"; a vote "failed", or a member that died or timed out before voting,
+   gives "redo"; otherwise ("nonfinite") "skip". The tally is only a proposal: `compare_set` on
+   `r{k}/decision` keeps the first one, and every member acts on that stored decision, never on its own
+   tally. So the members of a round all commit, all redo or all skip, even when one of them was paused
+   between its all-reduce and its vote, looked dead, and on waking found every vote "ok": it reads the
+   "redo" the others stored and drops the step with them. "commit": apply the step. "redo": drop it and
+   redo it in round k+1 without the dead (a replica killed mid-step never votes: the others see its
+   heartbeat stop); no step is lost, one attempt is. "skip": nobody applies it and training goes on at
+   the next step, as a loss scaler skips a step whose gradients overflowed (Micikevicius et al. 2018);
+   a NaN in one replica's data would come back at every redo.
 
 A replica outside the quorum (one that comes back, or a new one) checks in at the round after the newest
 decided one, and again until a quorum takes it. The store must outlive the replicas: `distlab.launch`'s
@@ -31,6 +40,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 POLL = 0.005  # seconds between looks at the store
+OK, FAILED, NONFINITE = "ok", "failed", "nonfinite"  # a member's vote
+COMMIT, REDO, SKIP = "commit", "redo", "skip"  # the round's one decision
 
 
 @dataclass(frozen=True)
@@ -188,30 +199,38 @@ class QuorumClient:
             present = [i for i in range(self.replicas) if self._has(f"r{round_}/in/{i}")]
         steps = [int(self.store.get(f"r{round_}/in/{i}")) for i in present]
         qid = round_
-        if round_ > 0 and self._has(f"r{round_ - 1}/quorum") and self._has(f"r{round_ - 1}/commit"):
+        if round_ > 0 and self._has(f"r{round_ - 1}/quorum") and self._has(f"r{round_ - 1}/decision"):
             prev = Quorum.decode(round_ - 1, self.store.get(f"r{round_ - 1}/quorum").decode())
-            if prev.members == tuple(present) and self.store.get(f"r{round_ - 1}/commit") == b"1":
-                qid = prev.quorum_id
+            if prev.members == tuple(present) and self.store.get(f"r{round_ - 1}/decision").decode() != REDO:
+                qid = prev.quorum_id  # the group's last collective worked: keep it
         proposal = Quorum(round_, qid, tuple(present), tuple(steps)).encode()
         self.store.compare_set(f"r{round_}/quorum", "", proposal)  # the first proposal stays
         self.store.set("latest", str(round_ + 1))  # the round a replica outside the quorum checks in at
 
+    def decide(self, q: Quorum, vote: str) -> str:
+        """Vote `vote` (OK, FAILED or NONFINITE) on round `q.round`'s step and return the round's one
+        decision (COMMIT, REDO or SKIP): the first tally stored, the same for every member."""
+        if vote not in (OK, FAILED, NONFINITE):
+            raise ValueError(f"vote={vote!r} must be one of {OK!r}, {FAILED!r}, {NONFINITE!r}")
+        self.store.set(f"r{q.round}/vote/{self.replica}", vote)
+        return self.store.compare_set(f"r{q.round}/decision", "", self._tally(q)).decode()
+
     def should_commit(self, q: Quorum, ok: bool) -> bool:
-        """Vote on round `q.round`'s step; True only if every member voted ok (torchft's should_commit).
-        A member that died before voting makes it False once its heartbeat stops."""
-        self.store.set(f"r{q.round}/vote/{self.replica}", "1" if ok else "0")
+        """torchft's should_commit: vote ok or failed; True only if the round's decision is to commit."""
+        return self.decide(q, OK if ok else FAILED) == COMMIT
+
+    def _tally(self, q: Quorum) -> str:
+        """This member's proposal for the decision, from the votes (module docstring, step 3). A member
+        that died before voting, or has not voted within the join timeout, makes it REDO."""
         start = time.monotonic()
         while True:
             missing = [m for m in q.members if not self._has(f"r{q.round}/vote/{m}")]
             if not missing:
-                commit = all(self.store.get(f"r{q.round}/vote/{m}") == b"1" for m in q.members)
-                break
+                votes = {self.store.get(f"r{q.round}/vote/{m}").decode() for m in q.members}
+                return COMMIT if votes == {OK} else REDO if FAILED in votes else SKIP
             if not all(self.alive(m) for m in missing) or time.monotonic() - start > self.join_timeout:
-                commit = False
-                break
+                return REDO
             time.sleep(POLL)
-        self.store.set(f"r{q.round}/commit", "1" if commit else "0")
-        return commit
 
     def close(self) -> None:
         self.heartbeat.stop()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -37,7 +38,17 @@ from torch import nn
 from distlab import launch, reference
 from distlab.fault_tolerance import heal
 from distlab.fault_tolerance.parity import LR, MOMENTUM
-from distlab.fault_tolerance.quorum import Quorum, QuorumClient, check_quorum_config, connect
+from distlab.fault_tolerance.quorum import (
+    COMMIT,
+    FAILED,
+    NONFINITE,
+    OK,
+    REDO,
+    Quorum,
+    QuorumClient,
+    check_quorum_config,
+    connect,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class ReplicaConfig:
     steps: int = 6
     kill: tuple[int, int] | None = None
     join: tuple[int, int] | None = None
+    pause: tuple[int, int, float] | None = None
     min_replicas: int = 1
     heartbeat_interval: float = 0.05
     heartbeat_timeout: float = 1.0
@@ -86,6 +98,8 @@ class ReplicaLog:
     losses: dict[int, float] = field(default_factory=dict)
     members: dict[int, tuple[int, ...]] = field(default_factory=dict)
     failed_rounds: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    failed_heals: list[str] = field(default_factory=list)
     detect_s: float | None = None
     heal_s: float | None = None
     heal_bytes: int = 0
@@ -93,21 +107,22 @@ class ReplicaLog:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _gradient_average(pg, model: nn.Module, loss: torch.Tensor, size: int) -> bool:  # type: ignore[no-untyped-def]
-    """All-reduce the gradients and the loss as one flat buffer; False if a member failed."""
+def _gradient_average(pg, model: nn.Module, loss: torch.Tensor, size: int) -> str:  # type: ignore[no-untyped-def]
+    """All-reduce the gradients and the loss as one flat buffer. The vote: FAILED if a member failed,
+    NONFINITE if the average holds a NaN or an infinity, OK otherwise."""
     params = [p for p in model.parameters()]
     flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
     try:
         pg.allreduce([flat]).wait()
     except RuntimeError:
-        return False
+        return FAILED
     flat /= size
     start = 0
     for p in params:
         p.grad.copy_(flat[start:start + p.numel()].view_as(p))
         start += p.numel()
     loss.data.fill_(flat[-1])
-    return True
+    return OK if bool(torch.isfinite(flat).all()) else NONFINITE
 
 
 def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
@@ -128,25 +143,17 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     round_, expected = (client.next_round(), ()) if joiner else (0, starting)
     asked = time.monotonic()
     while step < c.steps:
-        if c.join and not joiner and step == c.join[1] and c.join[0] not in expected:
-            _wait_for_check_in(store, round_, c.join[0], c.join_timeout)
+        _wait_for_scripted(c, me, step, store, round_, expected)
         q = client.quorum(round_, step, expected)
         if me not in q.members:
             round_, expected = client.next_round(), ()
             continue
         _note_detection(log, store, expected, q.members)
-        if q.quorum_id not in groups:
-            groups = {q.quorum_id: heal.make_group(store, q, me, c.collective_timeout)}
-        pg = groups[q.quorum_id]
-        step = _heal_or_send(pg, q, me, model, optimizer, step, log, asked)
         began = time.monotonic()
-        loss = _backward_on_slice(task, c, me, step, model, optimizer)
-        _kill_if_due(c, me, step, store)
-        ok = _gradient_average(pg, model, loss, len(q.members))
-        if client.should_commit(q, ok):
-            step = _commit(q, me, step, optimizer, loss, log, began, store)
-        else:
-            log.failed_rounds.append(q.round)
+        step, vote, loss = _attempt(task, c, q, groups, model, optimizer, step, log, asked, store)
+        decision = client.decide(q, vote)  # the round's one decision, the same on every member
+        step = _apply(decision, q, me, step, optimizer, loss, log, began, store)
+        if decision == REDO:
             groups = {}  # a group whose collective failed is not used again
         round_, expected = round_ + 1, q.members
     client.close()
@@ -154,10 +161,63 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     return log
 
 
+def _attempt(task: reference.Task, c: ReplicaConfig, q: Quorum, groups: dict, model: nn.Module,
+             optimizer: reference.SGD, step: int, log: ReplicaLog, asked: float, store: dist.Store
+             ) -> tuple[int, str, torch.Tensor | None]:
+    """This replica's part of round `q.round`: join the quorum's group (kept in `groups`), heal or send,
+    backward on its slice, the gradient average. The step it is at, its vote, its loss. A peer that dies
+    while the group forms or while the state travels makes the vote FAILED: the round is redone with
+    a new quorum, and a replica still behind heals again from that quorum's source."""
+    me = launch.rank()
+    try:
+        if q.quorum_id not in groups:
+            groups.clear()
+            groups[q.quorum_id] = heal.make_group(store, q, me, c.collective_timeout)
+        pg = groups[q.quorum_id]
+        step = _heal_or_send(pg, q, me, model, optimizer, step, log, asked)
+    except RuntimeError as e:  # gloo's and the store's errors (DistError is a RuntimeError)
+        log.failed_heals.append(f"round {q.round}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return step, FAILED, None
+    loss = _backward_on_slice(task, c, me, step, model, optimizer)
+    _kill_if_due(c, me, step, store)
+    vote = _gradient_average(pg, model, loss, len(q.members))
+    _pause_if_due(c, me, step, store)
+    return step, vote, loss
+
+
+def _apply(decision: str, q: Quorum, me: int, step: int, optimizer: reference.SGD,
+           loss: torch.Tensor | None, log: ReplicaLog, began: float, store: dist.Store) -> int:
+    """Act on the round's decision: REDO leaves the step to the next round; COMMIT applies it (every
+    member's vote was OK, so `loss` is this round's); SKIP drops its update. Either way the step is
+    done: log it, (the source) publish the progress, and return the next step."""
+    if decision == REDO:
+        log.failed_rounds.append(q.round)
+        return step
+    if decision == COMMIT and loss is not None:
+        optimizer.step()
+        log.losses[step] = loss.item()
+    else:
+        log.skipped.append(step)
+    log.members[step] = q.members
+    log.step_s.append(time.monotonic() - began)
+    if me == q.source:
+        store.set("progress", str(step + 1))
+    return step + 1
+
+
 def _wait_for_progress(store: dist.Store, steps: int) -> None:
     """Block until the quorum's source has published that `steps` steps are done."""
     while int(store.add("progress", 0)) < steps:
         time.sleep(0.005)
+
+
+def _wait_for_scripted(c: ReplicaConfig, me: int, step: int, store: dist.Store, round_: int,
+                       expected: tuple[int, ...]) -> None:
+    """The scripted joins land at the same step on every run: at config.join's step the others wait for
+    the newcomer to check in, and one step after config.pause's the others wait for the paused replica."""
+    for event, at in ((c.join, 0), (c.pause, 1)):
+        if event and event[0] != me and step == event[1] + at and event[0] not in expected:
+            _wait_for_check_in(store, round_, event[0], c.join_timeout)
 
 
 def _wait_for_check_in(store: dist.Store, round_: int, replica: int, timeout: float) -> None:
@@ -207,17 +267,14 @@ def _kill_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> Non
         os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
 
 
-def _commit(q: Quorum, me: int, step: int, optimizer: reference.SGD, loss: torch.Tensor, log: ReplicaLog,
-            began: float, store: dist.Store) -> int:
-    """Every member voted ok: apply the step, log it, and (the source) publish the progress. The next
-    step."""
-    optimizer.step()
-    log.losses[step], log.members[step] = loss.item(), q.members
-    log.step_s.append(time.monotonic() - began)
-    step += 1
-    if me == q.source:
-        store.set("progress", str(step))
-    return step
+def _pause_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
+    """config.pause's replica stops (SIGSTOP: every thread, its heartbeat too) after its all-reduce at its
+    step, the first time it gets there, and a helper wakes it (SIGCONT) after the given seconds."""
+    if c.pause is None or c.pause[:2] != (me, step) or store.add(f"paused/{me}", 1) > 1:
+        return
+    waker = subprocess.Popen(["sh", "-c", f"sleep {float(c.pause[2])!r}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)  # returns once the waker's SIGCONT arrives
+    waker.wait()
 
 
 def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0
