@@ -12,10 +12,12 @@ finite, and every member must skip that step's update (as a loss scaler skips an
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from distlab import parity, reference
+from distlab import parity, reference, sharding
 from distlab.fault_tolerance import parity as ft_parity
 from distlab.fault_tolerance.replicas import ReplicaConfig, ReplicaLog, run_replicas
 
@@ -56,3 +58,40 @@ def test_the_paused_run_equals_one_process_on_each_steps_quorum(paused: list) ->
                     "parameters": paused[0].params},
                    {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
                    label="paused replica", against="one process on each step's quorum").assert_passed()
+
+
+NAN_STEP = 2
+CLEAN = ReplicaConfig(replicas=3, per_replica=6, steps=5)
+
+
+def _task_with_a_nan() -> reference.Task:
+    """The task with one input value NaN: in replica 1's rows of step 2 and in no other step's batch (the
+    5 steps of 18 examples are one epoch of the 96: each example is drawn once)."""
+    task = _task()
+    rows = sharding.batch_indices(len(task), CLEAN.replicas * CLEAN.per_replica, NAN_STEP, CLEAN.seed)
+    inputs = task.inputs.clone()
+    inputs[rows[CLEAN.per_replica], 0] = float("nan")  # the first row of replica 1's slice
+    return dataclasses.replace(task, inputs=inputs)
+
+
+def test_a_nan_on_one_replica_is_skipped_by_all_and_committed_by_none() -> None:
+    logs = run_replicas(_task_with_a_nan(), CLEAN, deadline=90)
+    for log in logs:
+        assert isinstance(log, ReplicaLog), log
+        bad = [n for n, p in log.params.items() if not torch.isfinite(p).all()]
+        assert not bad, f"replica {log.replica} committed the NaN step: {bad} are not finite"
+    _assert_same_weights(logs)
+    for log in logs:
+        assert log.skipped == [NAN_STEP] and sorted(log.losses) == [0, 1, 3, 4], (log.skipped, log.losses)
+        assert not log.failed_rounds  # skipped, not redone: a NaN in the data would come back
+    # One process on the clean task that leaves out the skipped step's batch (its update was never applied)
+    task = _task()
+    batches = [b for t, b in enumerate(task.batches(CLEAN.steps, CLEAN.replicas * CLEAN.per_replica,
+                                                    CLEAN.seed)) if t != NAN_STEP]
+    model = task.build(CLEAN.seed)
+    ref = reference.train_reference(model, batches, task.loss,
+                                    reference.SGD(model.parameters(), ft_parity.LR,
+                                                  momentum=ft_parity.MOMENTUM))
+    parity.compare({"losses": [logs[0].losses[t] for t in (0, 1, 3, 4)], "parameters": logs[0].params},
+                   {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
+                   label="NaN on replica 1", against="one process without step 2").assert_passed()
