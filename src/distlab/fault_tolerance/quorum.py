@@ -33,8 +33,11 @@ lighthouse is).
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -142,10 +145,21 @@ class QuorumClient:
         if isinstance(replica, bool) or not isinstance(replica, int) or not 0 <= replica < replicas:
             raise ValueError(f"replica={replica!r} must be a replica id from 0 to {replicas - 1}")
         self.store, self.replica, self.replicas = store, replica, replicas
+        self._claim()
         self.min_replicas, self.join_timeout = min_replicas, join_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.heartbeat = Heartbeat(beat_store, replica, heartbeat_interval)
         self.seen: dict[int, tuple[int, float]] = {}  # replica -> (last counter, when it last moved)
+
+    def _claim(self) -> None:
+        """Take this replica id for this process, once per run's store: a second process with the same
+        id would share its heartbeat, its check-ins and its rank in the quorum's group, and hang there."""
+        me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # one client, even in one process
+        holder = self.store.compare_set(f"claim/{self.replica}", "", me).decode()
+        if holder != me:
+            raise ValueError(f"replica={self.replica} is already claimed by the process {holder} "
+                             f"(host:pid:client) in this run's store; give every replica process its own "
+                             f"id from 0 to {self.replicas - 1}")
 
     # -- liveness -------------------------------------------------------------------------------------
     def alive(self, replica: int) -> bool:

@@ -25,6 +25,7 @@ is the mean loss of their union, and the quorum's averaged gradient is its gradi
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -76,17 +77,47 @@ class ReplicaConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("kill", "join"):
-            event = getattr(self, name)
-            if event is not None and not (0 <= event[0] < self.replicas and 0 < event[1] < self.steps):
-                raise ValueError(f"{name}={event!r} must be (replica, step) with a replica from 0 to "
-                                 f"{self.replicas - 1} and a step from 1 to {self.steps - 1}")
-        if self.kill and self.join and self.kill[0] == self.join[0]:
-            raise ValueError(f"kill={self.kill} and join={self.join} name the same slot; a killed process "
-                             "does not come back under launch.run: join another slot")
-        if self.kill and self.replicas - (self.join is not None) - 1 < self.min_replicas:
+        _check_seconds("collective_timeout", self.collective_timeout,
+                       "how long a gradient all-reduce or a heal waits for a peer, e.g. 5.0")
+        self._check_events()
+        starting = self.replicas - (self.join is not None)
+        if starting < self.min_replicas:
+            raise ValueError(f"min_replicas={self.min_replicas} is never reached: join={self.join} keeps "
+                             f"slot {self.join[0]} out until step {self.join[1]}, so only {starting} "  # type: ignore[index]
+                             f"replicas start; lower min_replicas to {starting} or add a replica")
+        if self.kill and starting - 1 < self.min_replicas:
             raise ValueError(f"kill={self.kill} leaves fewer than min_replicas={self.min_replicas} replicas; "
                              "lower min_replicas or add replicas")
+
+    def _check_events(self) -> None:
+        """kill, join and pause: a replica slot and a step inside the run, each event on its own slot."""
+        for name, last in (("kill", self.steps - 1), ("join", self.steps - 1), ("pause", self.steps - 2)):
+            event = getattr(self, name)
+            if event is None:
+                continue
+            first, size = (1, 2) if name != "pause" else (0, 3)
+            shape = "(replica, step)" if size == 2 else "(replica, step, seconds)"
+            if not isinstance(event, tuple) or len(event) != size \
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in event[:2]) \
+                    or not (0 <= event[0] < self.replicas and first <= event[1] <= last):
+                raise ValueError(f"{name}={event!r} must be {shape} with a replica from 0 to "
+                                 f"{self.replicas - 1} and a step from {first} to {last}")
+        if self.pause is not None:
+            _check_seconds(f"pause={self.pause!r}: its seconds", self.pause[2],
+                           "e.g. 4.0, longer than heartbeat_timeout so that the others give up on it")
+        slots = [(n, e[0]) for n, e in (("kill", self.kill), ("join", self.join), ("pause", self.pause)) if e]
+        for a, (name, slot) in enumerate(slots):
+            for other, slot2 in slots[a + 1:]:
+                if slot == slot2:
+                    raise ValueError(f"{name}={getattr(self, name)} and {other}={getattr(self, other)} name "
+                                     f"the same slot; script each event on its own slot (a killed process "
+                                     "does not come back under launch.run)")
+
+
+def _check_seconds(name: str, value: object, example: str) -> None:
+    """A positive finite duration, or a ValueError naming `name` (a timeout of 0 s never waits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} must be a positive finite number of seconds: {example}")
 
 
 @dataclass
