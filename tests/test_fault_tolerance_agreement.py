@@ -13,11 +13,13 @@ finite, and every member must skip that step's update (as a loss scaler skips an
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 
 import pytest
 import torch
 
-from distlab import parity, reference, sharding
+from distlab import launch, parity, reference, sharding
 from distlab.fault_tolerance import parity as ft_parity
 from distlab.fault_tolerance.replicas import ReplicaConfig, ReplicaLog, run_replicas
 
@@ -95,3 +97,42 @@ def test_a_nan_on_one_replica_is_skipped_by_all_and_committed_by_none() -> None:
     parity.compare({"losses": [logs[0].losses[t] for t in (0, 1, 3, 4)], "parameters": logs[0].params},
                    {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
                    label="NaN on replica 1", against="one process without step 2").assert_passed()
+
+
+HEALED = ReplicaConfig(replicas=3, per_replica=6, steps=4, join=(2, 2))
+
+
+def _replica_dying_mid_heal(task: reference.Task, config: ReplicaConfig, who: int) -> ReplicaLog:
+    """A replica slot whose replica `who` dies (SIGKILL) in the middle of a heal, after the first of the two
+    messages: as the source if it is one (replica 0), as the replica behind if it is that one."""
+    from distlab.fault_tolerance import heal, replicas
+
+    def send_then_die(pg, quorum, model, optimizer, step):  # type: ignore[no-untyped-def]
+        data = heal.state_bytes(model, optimizer, step)
+        pg.send([torch.tensor([data.numel()], dtype=torch.int64)], quorum.rank_of(quorum.behind[0]), 0).wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def recv_then_die(pg, quorum, model, optimizer):  # type: ignore[no-untyped-def]
+        pg.recv([torch.zeros(1, dtype=torch.int64)], quorum.rank_of(quorum.source), 0).wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if launch.rank() == who:
+        heal.send_state, heal.recv_state = send_then_die, recv_then_die  # this rank's own module
+    return replicas.train_replica(task, config)
+
+
+@pytest.mark.parametrize("who", [0, 2], ids=["source killed mid-send", "joiner killed mid-receive"])
+def test_a_heal_that_fails_is_a_failed_round_and_a_new_quorum(who: int) -> None:
+    logs = launch.run(_replica_dying_mid_heal, HEALED.replicas, _task(), HEALED, who,
+                      backend="gloo", deadline=90, timeout=HEALED.join_timeout, may_fail=[who])
+    assert isinstance(logs[who], launch.RankError) and "SIGKILL" in str(logs[who])
+    alive = [log for r, log in enumerate(logs) if r != who]
+    _assert_same_weights(alive)
+    first = alive[0]
+    assert first.failed_rounds and all(who not in first.members[t] for t in range(2, HEALED.steps))
+    members = [first.members[t] for t in range(HEALED.steps)]
+    ref = ft_parity.survivors_reference(_task(), members, HEALED.per_replica, HEALED.replicas)
+    parity.compare({"losses": [first.losses[t] for t in range(HEALED.steps)], "parameters": first.params},
+                   {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
+                   label=f"replica {who} killed mid-heal", against="one process on each step's quorum"
+                   ).assert_passed()
