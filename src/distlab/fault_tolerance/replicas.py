@@ -8,15 +8,19 @@ rows i*b .. (i+1)*b - 1 of the `replicas` x b batch of the step) and, every step
    heals from the quorum's source (`heal.recv_state`) before the step, and the source sends;
 2. computes its gradient and its loss and averages them over the quorum's members with one all-reduce
    on the quorum's own gloo group (`heal.make_group`, a new one whenever the members change);
-3. votes; if every member voted ok the step is applied, otherwise (a member died mid-step, the
-   all-reduce failed) the step is redone in a new round without the dead.
+3. votes ok, failed (its all-reduce raised, or its heal did) or nonfinite (the average holds a NaN or
+   an infinity) and acts on the round's one decision (`QuorumClient.decide`, the same on every member):
+   commit applies the step; redo leaves it to a new round without the dead; skip drops its update and
+   goes on at the next step (`log.skipped`).
 
 `config.kill = (replica, step)`: that replica SIGKILLs itself at that step after its backward, while the
 others wait for it in the all-reduce. `config.join = (replica, step)`: that slot stays out until the
 others have done that many steps, then checks in, heals and trains (a replacement for the dead one, or a
-new one). So that the join lands at that step on every run, however the machine schedules the
-processes, the others wait at its round until it has checked in (at most `join_timeout`): without that a
-slow newcomer could find the run already over.
+new one). `config.pause = (replica, step, seconds)`: that replica stops (SIGSTOP, every thread) after
+its all-reduce at that step, before its vote, for that many seconds (a stalled host). So that the join
+lands at that step on every run, however the machine schedules the processes, the others wait at its
+round until it has checked in (at most `join_timeout`), and one step after a pause they wait for the
+paused replica the same way: without that a slow newcomer could find the run already over.
 
 What the run must equal: one process whose batch at step t is the union of the slices of step t's quorum
 members (`parity.survivors_reference`): the average of equal-sized slices' mean losses
@@ -27,8 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -37,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab import launch, reference
-from distlab.fault_tolerance import heal
+from distlab.fault_tolerance import heal, scripted
 from distlab.fault_tolerance.parity import LR, MOMENTUM
 from distlab.fault_tolerance.quorum import (
     COMMIT,
@@ -55,7 +57,8 @@ from distlab.fault_tolerance.quorum import (
 @dataclass(frozen=True)
 class ReplicaConfig:
     """One run: `replicas` slots, `per_replica` examples each per step, `steps` steps; a `kill` and a
-    `join` as (replica, step) or None; the quorum's timeouts in seconds."""
+    `join` as (replica, step) and a `pause` as (replica, step, seconds), or None (the module docstring);
+    the quorum's timeouts in seconds."""
 
     replicas: int = 3
     per_replica: int = 8
@@ -166,7 +169,7 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     model = task.build(c.seed)
     optimizer = reference.SGD(model.parameters(), LR, momentum=MOMENTUM)
     if joiner:  # a slot that starts later: wait until the others have done join-step steps
-        _wait_for_progress(store, c.join[1])
+        scripted.wait_for_progress(store, c.join[1])
     client = QuorumClient(store, beat, me, c.replicas, c.min_replicas, c.heartbeat_interval,
                           c.heartbeat_timeout, c.join_timeout)
     starting = tuple(r for r in range(c.replicas) if not (c.join and r == c.join[0]))
@@ -174,7 +177,7 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     round_, expected = (client.next_round(), ()) if joiner else (0, starting)
     asked = time.monotonic()
     while step < c.steps:
-        _wait_for_scripted(c, me, step, store, round_, expected)
+        scripted.wait_for_scripted(c, me, step, store, round_, expected)
         q = client.quorum(round_, step, expected)
         if me not in q.members:
             round_, expected = client.next_round(), ()
@@ -210,9 +213,9 @@ def _attempt(task: reference.Task, c: ReplicaConfig, q: Quorum, groups: dict, mo
         log.failed_heals.append(f"round {q.round}: {type(e).__name__}: {str(e).splitlines()[0]}")
         return step, FAILED, None
     loss = _backward_on_slice(task, c, me, step, model, optimizer)
-    _kill_if_due(c, me, step, store)
+    scripted.kill_if_due(c, me, step, store)
     vote = _gradient_average(pg, model, loss, len(q.members))
-    _pause_if_due(c, me, step, store)
+    scripted.pause_if_due(c, me, step, store)
     return step, vote, loss
 
 
@@ -234,29 +237,6 @@ def _apply(decision: str, q: Quorum, me: int, step: int, optimizer: reference.SG
     if me == q.source:
         store.set("progress", str(step + 1))
     return step + 1
-
-
-def _wait_for_progress(store: dist.Store, steps: int) -> None:
-    """Block until the quorum's source has published that `steps` steps are done."""
-    while int(store.add("progress", 0)) < steps:
-        time.sleep(0.005)
-
-
-def _wait_for_scripted(c: ReplicaConfig, me: int, step: int, store: dist.Store, round_: int,
-                       expected: tuple[int, ...]) -> None:
-    """The scripted joins land at the same step on every run: at config.join's step the others wait for
-    the newcomer to check in, and one step after config.pause's the others wait for the paused replica."""
-    for event, at in ((c.join, 0), (c.pause, 1)):
-        if event and event[0] != me and step == event[1] + at and event[0] not in expected:
-            _wait_for_check_in(store, round_, event[0], c.join_timeout)
-
-
-def _wait_for_check_in(store: dist.Store, round_: int, replica: int, timeout: float) -> None:
-    """The scripted join point (module docstring): wait until `replica` has checked in at `round_`, or
-    `timeout` seconds; then the round goes on as usual, with or without it."""
-    start = time.monotonic()
-    while not store.check([f"r{round_}/in/{replica}"]) and time.monotonic() - start < timeout:
-        time.sleep(0.005)
 
 
 def _note_detection(log: ReplicaLog, store: dist.Store, expected: tuple[int, ...],
@@ -289,23 +269,6 @@ def _backward_on_slice(task: reference.Task, c: ReplicaConfig, me: int, step: in
     loss = task.loss(model, x[rows], y[rows])
     loss.backward()
     return loss
-
-
-def _kill_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
-    """config.kill's replica dies at its step, after its backward (the time goes to the store)."""
-    if c.kill == (me, step):
-        store.set("killed_at", repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
-
-
-def _pause_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
-    """config.pause's replica stops (SIGSTOP: every thread, its heartbeat too) after its all-reduce at its
-    step, the first time it gets there, and a helper wakes it (SIGCONT) after the given seconds."""
-    if c.pause is None or c.pause[:2] != (me, step) or store.add(f"paused/{me}", 1) > 1:
-        return
-    waker = subprocess.Popen(["sh", "-c", f"sleep {float(c.pause[2])!r}; kill -CONT {os.getpid()}"])
-    os.kill(os.getpid(), signal.SIGSTOP)  # returns once the waker's SIGCONT arrives
-    waker.wait()
 
 
 def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0
