@@ -86,3 +86,28 @@ def test_a_second_process_claiming_a_replica_id_gets_a_clear_error() -> None:
         other.close()
     finally:
         first.close()
+
+
+def test_a_replica_left_behind_when_the_others_finish_is_told_so_at_once() -> None:
+    # Before, it waited join_timeout and then asked "are any replicas training?"
+    import time
+
+    from distlab.fault_tolerance.quorum import QuorumError
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10))
+    beat = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    done = QuorumClient(master, beat, replica=0, replicas=2, heartbeat_interval=0.02, heartbeat_timeout=0.1,
+                        join_timeout=5.0)
+    late = QuorumClient(master, beat, replica=1, replicas=2, heartbeat_interval=0.02, heartbeat_timeout=0.1,
+                        join_timeout=5.0)
+    try:
+        done.finish(5)
+        start = time.monotonic()
+        with pytest.raises(QuorumError, match=r"replica 1 is outside the quorum at step 2, and the others "
+                                              r"finished the run \(5 steps\) without it: nobody is left"):
+            late.quorum(3, 2, expected=())
+        assert time.monotonic() - start < 2
+    finally:
+        done.close()
+        late.close()

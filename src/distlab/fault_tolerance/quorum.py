@@ -10,8 +10,8 @@ one or more *rounds*; round k goes:
    proposes the replicas checked in so far, with `compare_set` on `r{k}/quorum`: the store keeps the
    first proposal and every replica reads that one, so all agree even if they saw different check-ins.
    The quorum's `step` is the largest step among its members; a member behind it heals from `source`
-   (`heal.py`). Its `quorum_id` stays that of round k-1 when the members and the last commit are the
-   same (the replicas keep their process group), and becomes k otherwise (a fresh group);
+   (`heal.py`). Its `quorum_id` stays that of round k-1 when the members are the same and round k-1
+   was not redone (the replicas keep their process group), and becomes k otherwise (a fresh group);
 3. decide: after the gradient average each member votes "ok", "failed" (its collective raised) or
    "nonfinite" (the averaged gradient or loss holds a NaN or an infinity), and tallies the votes: every
    member's vote "ok" gives "commit"; a vote "failed", or a member that died or timed out before voting,
@@ -22,7 +22,7 @@ one or more *rounds*; round k goes:
    "redo" the others stored and drops the step with them. "commit": apply the step. "redo": drop it and
    redo it in round k+1 without the dead (a replica killed mid-step never votes: the others see its
    heartbeat stop); no step is lost, one attempt is. "skip": nobody applies it and training goes on at
-   the next step, as a loss scaler skips a step whose gradients overflowed (Micikevicius et al. 2018);
+   the next step, as PyTorch's GradScaler skips an optimizer step whose gradients hold an inf or a NaN;
    a NaN in one replica's data would come back at every redo.
 
 A replica outside the quorum (one that comes back, or a new one) checks in at the round after the newest
@@ -186,6 +186,7 @@ class QuorumClient:
         start = time.monotonic()
         while not self._has(f"r{round_}/quorum"):
             if not expected:  # outside the quorum: the members decide, this replica waits to be taken
+                self._check_not_finished(step)
                 if time.monotonic() - start > self.join_timeout:
                     raise QuorumError(f"replica {self.replica}: round {round_} was not decided within "
                                       f"{self.join_timeout:g} s; are any replicas training?")
@@ -220,6 +221,19 @@ class QuorumClient:
         proposal = Quorum(round_, qid, tuple(present), tuple(steps)).encode()
         self.store.compare_set(f"r{round_}/quorum", "", proposal)  # the first proposal stays
         self.store.set("latest", str(round_ + 1))  # the round a replica outside the quorum checks in at
+
+    def finish(self, steps: int) -> None:
+        """Say that the run is over, after `steps` steps: a replica still outside the quorum then has
+        nobody left to heal from, and stops waiting for one (`quorum` raises at once)."""
+        self.store.set("finished", str(steps))
+
+    def _check_not_finished(self, step: int) -> None:
+        if self._has("finished"):
+            done = int(self.store.get("finished"))
+            raise QuorumError(f"replica {self.replica} is outside the quorum at step {step}, and the others "
+                              f"finished the run ({done} steps) without it: nobody is left to heal from, so "
+                              "its weights are not the run's (was it paused or slow for longer than "
+                              "heartbeat_timeout near the end?)")
 
     def decide(self, q: Quorum, vote: str) -> str:
         """Vote `vote` (OK, FAILED or NONFINITE) on round `q.round`'s step and return the round's one

@@ -190,6 +190,7 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
         if decision == REDO:
             groups = {}  # a group whose collective failed is not used again
         round_, expected = round_ + 1, q.members
+    client.finish(c.steps)
     client.close()
     log.params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return log
