@@ -84,9 +84,9 @@ class ReplicaConfig:
                        "how long a gradient all-reduce or a heal waits for a peer, e.g. 5.0")
         self._check_events()
         starting = self.replicas - (self.join is not None)
-        if starting < self.min_replicas:
+        if self.join is not None and starting < self.min_replicas:
             raise ValueError(f"min_replicas={self.min_replicas} is never reached: join={self.join} keeps "
-                             f"slot {self.join[0]} out until step {self.join[1]}, so only {starting} "  # type: ignore[index]
+                             f"slot {self.join[0]} out until step {self.join[1]}, so only {starting} "
                              f"replicas start; lower min_replicas to {starting} or add a replica")
         if self.kill and starting - 1 < self.min_replicas:
             raise ValueError(f"kill={self.kill} leaves fewer than min_replicas={self.min_replicas} replicas; "
