@@ -125,8 +125,9 @@ def _check_seconds(name: str, value: object, example: str) -> None:
 
 @dataclass
 class ReplicaLog:
-    """What one replica saw: per committed step its loss (averaged over the quorum) and the quorum's
-    members; the rounds that did not commit; the times of detection and healing; its final parameters."""
+    """What one replica saw: per committed step its loss (averaged over the quorum), per done step the
+    quorum's members; the rounds redone, the steps skipped (not finite), the heals that failed (the
+    error's first line); the times of detection and healing; its final parameters."""
 
     replica: int
     losses: dict[int, float] = field(default_factory=dict)
