@@ -204,7 +204,8 @@ def _worker_main(run_dir: str, rank: int) -> None:
         blob = _result_bytes(fn(*args, **kwargs), rank)
         (d / f"rank{rank}.tmp").write_bytes(blob)
         os.replace(d / f"rank{rank}.tmp", d / f"rank{rank}.result")
-        dist.destroy_process_group()
+        if dist.is_initialized():  # the function may have destroyed it itself, as torchrun scripts end
+            dist.destroy_process_group()
     except BaseException as e:  # report everything, including SystemExit
         (d / f"rank{rank}.err.tmp").write_text(json.dumps(describe(e, spec["sources"])))
         os.replace(d / f"rank{rank}.err.tmp", d / f"rank{rank}.error")  # whole, or not at all
@@ -215,6 +216,9 @@ def _worker_main(run_dir: str, rank: int) -> None:
 def _exit(d: Path, rank: int, code: int) -> None:
     """Leave without interpreter teardown (no atexit surprises from libraries in a finished rank)."""
     _record_children(d, rank)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:  # the function may have replaced or closed them (sys.stdout = None): its result still counts
+            stream.flush()  # type: ignore[union-attr]
+        except Exception:
+            pass
     os._exit(code)
