@@ -86,3 +86,45 @@ def test_chapter_1_checks_make_their_tensors_on_the_ranks_device(p, ranks_per_no
     made on `launch.device()`, which this run plays (a tensor without device= would be on meta)."""
     per_rank = launch.run(_chapter_1_under_strict, p, ranks_per_node)
     assert per_rank == [[[], [], []]] * p
+
+
+def _strictly(fn, *args, **kwargs):
+    """A rank function run under the strict device rule."""
+    with strict_devices():
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture
+def strict_launches(monkeypatch):
+    """Every `launch.run` a check makes runs its rank function under `strict_devices`."""
+    real = launch.run
+    monkeypatch.setattr(launch, "run", lambda fn, p, *a, **k: real(_strictly, p, fn, *a, **k))
+
+
+def _average_bucket(bucket) -> None:
+    """Lab 2's bucketed all-reduce, made on the gradients' own device."""
+    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for q in bucket:
+        q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+        offset += q.numel()
+
+
+def test_every_chapter_check_passes_a_right_solution_under_the_strict_rule(strict_launches):
+    """Chapters 2, 5 and 6's multi-rank checks make their tensors and layers on `launch.device()` and
+    their references on the CPU, so a right solution passes when tensors made without device= would
+    fail (they did before: each check's inputs were made on the default device)."""
+    from test_tensor_parallel import RightF, RightG, make_row_linear, right_shard
+
+    from distlab.data_parallel.exercises import check_bucketed_all_reduce
+    from distlab.moe.exercises import check_expert_parallel
+    from distlab.tensor_parallel.exercises import check_tensor_parallel
+
+    results = [check_bucketed_all_reduce(_average_bucket, world_sizes=(2,)),
+               check_tensor_parallel(RightF.apply, RightG.apply, right_shard, make_row_linear(RightG.apply),
+                                     world_sizes=(2,)),
+               check_expert_parallel(lambda layer, x: layer(x).y, world_sizes=(2,))]
+    for result in results:
+        assert result, str(result)

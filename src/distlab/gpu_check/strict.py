@@ -4,7 +4,8 @@ On a GPU node a rank's tensors belong on its GPU (`launch.device()`), while a te
 `device=` lands on the default device, the CPU; NCCL then refuses it ("No backend type associated with
 device type cpu"). On a CPU machine both are the CPU, so the mistake cannot show. `strict_devices` makes
 it show: it makes the default device `meta` (tensors without data) and opens a strict `RuleLog` whose
-device is the rank's own. A tensor made without `device=` is then a meta tensor, and handing it to a
+device is the rank's own (`torch.as_tensor` of a tensor excepted: it stays where it is, as on a GPU
+node). A tensor made without `device=` is then a meta tensor, and handing it to a
 collective raises a `DeviceError` naming the call, before gloo sees it, just as NCCL would fail on
 the node; mixing it with the rank's tensors fails in torch itself, as mixing CPU and GPU tensors does.
 Code that names its device everywhere (`device=launch.device()` for the rank's tensors, `device="cpu"`
@@ -15,12 +16,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 from distlab.gpu_check.rules import RuleLog
 
 STAND_IN = "meta"  # where tensors made without device= go under strict_devices
+
+
+class _NewTensorsOnMeta(TorchFunctionMode):
+    """Tensor constructors without `device=` make meta tensors (as `with torch.device("meta")` does),
+    except `torch.as_tensor` of a tensor, which keeps it where it is on a GPU node too."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        keeps = func is torch.as_tensor and args and isinstance(args[0], torch.Tensor)
+        if func in _device_constructors() and kwargs.get("device") is None and not keeps:
+            kwargs["device"] = STAND_IN
+        return func(*args, **kwargs)
 
 
 @contextmanager
@@ -30,5 +46,5 @@ def strict_devices(device: str | torch.device | None = None) -> Iterator[RuleLog
     from distlab import launch
 
     want = torch.device(device) if device is not None else launch.device()
-    with RuleLog(device=want, strict=True) as log, torch.device(STAND_IN):
+    with RuleLog(device=want, strict=True) as log, _NewTensorsOnMeta():
         yield log
