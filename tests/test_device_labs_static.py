@@ -14,6 +14,8 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
+
 LABS = Path(__file__).resolve().parents[1] / "labs"
 FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "tensor", "linspace",
              "eye", "randperm"}
@@ -95,3 +97,41 @@ def test_the_guard_sees_a_constructor_without_a_device():
               "    c = torch.randint(5, (4,)).double().to(dev)\n    return a, b, c\n\n"
               "def not_launched():\n    return torch.zeros(1)\n\nlaunch.run(rank_fn, 2)\n")
     assert deviceless(source) == {"rank_fn": ["torch.zeros(3)"]}
+
+
+def _sizes(tree: ast.AST) -> set[int]:
+    """The world sizes a lab launches with: the literal (or constant-named) second argument of each
+    launch.run(...) / run(...), or its world_size=; a size computed at run time counts as 1 to 8."""
+    looped = {t.id for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))
+              for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+    constants = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int)
+                 for t in n.targets if isinstance(t, ast.Name) and t.id not in looped}
+    sizes: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("launch.run", "run") and node.args:
+            arg = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "world_size"), None)
+            value = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", None))
+            sizes |= {value} if isinstance(value, int) else set(range(1, 9))
+    return sizes
+
+
+@pytest.mark.parametrize("lab", sorted(p.stem for p in LABS.glob("[0-9][0-9]_*.ipynb")))
+@pytest.mark.parametrize("gpus", (1, 2, 4, 8))
+def test_each_labs_launches_on_a_node_with_gpus(lab, gpus, monkeypatch):
+    """On a node with `gpus` GPUs, each of the lab's launches gets NCCL exactly when there is a GPU per
+    rank; then its rank functions must name their device (the static guard above), known labs aside."""
+    import torch
+    import torch.distributed as dist
+
+    from distlab import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    tree = ast.parse(_code(LABS / f"{lab}.ipynb"))
+    chosen = {p: launch.resolve_backend("auto", p) for p in _sizes(tree)}
+    assert all(b == ("nccl" if p <= gpus else "gloo") for p, b in chosen.items()), chosen
+    if "nccl" in chosen.values():
+        assert set(deviceless(ast.unparse(tree))) <= KNOWN.get(lab, set())

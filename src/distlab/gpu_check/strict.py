@@ -10,6 +10,12 @@ collective raises a `DeviceError` naming the call, before gloo sees it, just as 
 the node; mixing it with the rank's tensors fails in torch itself, as mixing CPU and GPU tensors does.
 Code that names its device everywhere (`device=launch.device()` for the rank's tensors, `device="cpu"`
 for a reference it builds to compare with) runs unchanged.
+
+One pattern that is right on a GPU node fails here: building a model on the default device and then
+moving it (`MLP(sizes).to(device)`), because a meta tensor has no data to move. Such code runs under
+the rule once it builds inside `with torch.device("cpu"):` (as the chapter checks do); the chapters'
+trainers (data, tensor, pipeline and context parallelism, MoE, 3D) still build and move, so on CPU the
+rule covers the exercise checks, and a GPU node's NCCL run (tests/test_gpu.py) covers the trainers.
 """
 
 from __future__ import annotations
