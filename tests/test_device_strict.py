@@ -130,3 +130,30 @@ def test_every_chapter_check_passes_a_right_solution_under_the_strict_rule(stric
                check_zero2_hook(zero2_reduce_scatter)]
     for result in results:
         assert result, str(result)
+
+
+class _LooksCuda(torch.Tensor):
+    """A CPU tensor that says it is on a GPU: enough for the gloo point-to-point guard, which only asks."""
+
+    is_cuda = True
+
+
+def _gloo_p2p_guard() -> str:
+    from types import SimpleNamespace
+
+    from distlab.gpu_check.rules import _check_gloo_p2p
+
+    boxed = dist.group.WORLD.boxed()
+    t = torch.Tensor._make_subclass(_LooksCuda, torch.ones(2))
+    _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="allreduce_"), ([t], boxed))  # a collective: gloo stages it
+    _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="send"), ([torch.ones(2)], boxed, 0, 0))  # host memory: fine
+    try:
+        _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="send"), ([t], boxed, 0, 0))
+    except DeviceError as e:
+        return str(e)
+    return ""
+
+
+def test_a_cuda_tensor_sent_point_to_point_over_gloo_is_stopped_with_the_reason():
+    (message,) = launch.run(_gloo_p2p_guard, 1, backend="gloo")
+    assert message.startswith("send of a CUDA tensor over gloo: gloo sends and receives host memory only")

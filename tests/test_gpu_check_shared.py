@@ -5,6 +5,9 @@ CUDA tensors, and `DISTLAB_DEVICE=cuda` puts every gloo rank's tensors on the sh
 (`distlab.launch.devices`). Each chapter's check of tests/test_gpu.py then runs on 4 ranks inside a
 `RuleLog` whose device is the rank's (`cuda:0`): every tensor handed to a collective must be on it, as
 under NCCL. The results leave the ranks on the CPU and are compared there with one process's reference.
+gloo stages the CUDA tensors of its collectives through host memory but not those of send and recv,
+so a chapter built on messages (chapter 1's rings, the pipeline) stops at its first one, with that
+reason; it is printed, not failed, and it is what only a node with a GPU per rank can run.
 Marked `gpu` (make gpu-check runs it); skipped without CUDA.
 """
 
@@ -19,6 +22,9 @@ CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
 RANKS = 4
+# a chapter whose ranks exchange messages stops here (gpu_check.rules): gloo's send and recv take host
+# memory only, a limit of gloo, not of the chapter's code; it is listed, not counted as a failure
+GLOO_P2P = "over gloo: gloo sends and receives host memory only"
 
 
 def _shared_chapters(root: str) -> dict:
@@ -51,5 +57,6 @@ def test_every_chapter_with_four_ranks_sharing_one_gpu(tmp_path, monkeypatch):
         print(f"{name}: {'ok' if ok else 'FAILED'}: {verdict}")
     errors = {name: rank[name]["device_errors"] for rank in per_rank for name in rank
               if rank[name]["device_errors"]}
-    failed = {n: v for n, (ok, v) in verdicts.items() if not ok}
+    failed = {n: v for n, (ok, v) in verdicts.items() if not ok and GLOO_P2P not in v}
     assert not failed and not errors, (failed, errors)
+    assert len(failed) < len(verdicts), "every chapter stopped at gloo's point-to-point limit"

@@ -85,6 +85,7 @@ class RuleLog(CommLog):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if self.device is not None and is_collective(func):
             self._check_device(func, args)
+            _check_gloo_p2p(func, args)
         before = len(self.records)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if len(self.records) > before:
@@ -109,6 +110,18 @@ class RuleLog(CommLog):
         if self.strict:
             raise DeviceError(message)
         self.device_errors.append(message)
+
+
+def _check_gloo_p2p(func: object, args: tuple) -> None:
+    """gloo stages the CUDA tensors of its collectives through host memory, but its send and recv hand
+    the tensor's data pointer to the network as host memory (ProcessGroupGloo::send): stop such a call
+    with an error that says so, before it fails in the transport."""
+    if getattr(func, "_opname", "") not in ("send", "recv_", "recv_any_source_"):
+        return
+    if any(t.is_cuda for t in _tensors(args)) and _group(func, args).name() == "gloo":
+        raise DeviceError(f"{func._opname.rstrip('_')} of a CUDA tensor over gloo: gloo sends and receives "  # type: ignore[attr-defined]
+                          "host memory only (its collectives stage CUDA tensors, its point-to-point calls "
+                          "do not); run these ranks on NCCL, one GPU each, or on the CPU")
 
 
 class DeviceError(RuntimeError):
