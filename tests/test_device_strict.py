@@ -145,10 +145,11 @@ def _gloo_p2p_guard() -> str:
 
     boxed = dist.group.WORLD.boxed()
     t = torch.Tensor._make_subclass(_LooksCuda, torch.ones(2))
-    _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="allreduce_"), ([t], boxed))  # a collective: gloo stages it
-    _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="send"), ([torch.ones(2)], boxed, 0, 0))  # host memory: fine
+    allreduce, send = (SimpleNamespace(namespace="c10d", _opname=name) for name in ("allreduce_", "send"))
+    _check_gloo_p2p(allreduce, ([t], boxed))  # a collective: gloo stages it
+    _check_gloo_p2p(send, ([torch.ones(2)], boxed, 0, 0))  # host memory: fine
     try:
-        _check_gloo_p2p(SimpleNamespace(namespace="c10d", _opname="send"), ([t], boxed, 0, 0))
+        _check_gloo_p2p(send, ([t], boxed, 0, 0))
     except DeviceError as e:
         return str(e)
     return ""
