@@ -8,12 +8,14 @@
    per lab, how many cells passed and failed;
 3. the measurements: chapter 7's peak against its prediction (`bench`), one transformer block's kernel
    efficiency eta for chapter 9's planner (`block`), host-to-device, device-to-host, device-to-device and
-   GPU-to-GPU bandwidth (chapter 8), and the all_reduce bus bandwidth over every GPU (chapter 1);
+   GPU-to-GPU bandwidth (chapter 8), the all_reduce bus bandwidth over every GPU (chapter 1), the GEMM
+   and cast grid with FP8 against bf16 beside chapter 7's model (`gemm`), and the course's GPT's step time
+   and peak beside chapter 9's models (`step`, with the rates `gemm` fitted);
 4. one report, JSON and text, under assets/gpu/ (`report`), naming the GPU, driver, CUDA, NCCL and torch.
 
 Exit status 0 only if every test passed, every lab's cells passed in both modes, and every measurement
-ran. Without CUDA it says it found no
-GPU, runs and writes nothing, and exits 0: a CPU machine claims nothing about the GPU path.
+ran. Without CUDA it says it found no GPU, runs and writes nothing, and exits 0: a CPU machine claims
+nothing about the GPU path.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from distlab.gpu_check import bench, block, environment, labs, report
+from distlab.gpu_check import bench, block, environment, gemm, labs, report, step
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: src/distlab/gpu_check/__main__.py
 NO_GPU = ("distlab gpu-check: found no GPU (torch.cuda.is_available() is False); nothing was run, nothing "
@@ -64,7 +67,8 @@ def run_tests(tests: str) -> tuple[list[dict], int]:
 def measure(out: dict) -> None:
     """Every measurement into `out`; one that raises is recorded in out["errors"], the others still run."""
     for key, fn in (("memory", bench.memory_check), ("block", block.block_efficiency),
-                    ("bandwidth", bench.bandwidth), ("busbw", bench.busbw)):
+                    ("bandwidth", bench.bandwidth), ("busbw", bench.busbw),
+                    ("gemm", gemm.measure), ("step", partial(step.measure_with, out))):
         try:
             out[key] = fn()
         except Exception:

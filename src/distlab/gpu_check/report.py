@@ -17,6 +17,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from distlab.gpu_check import gemm, step
 from distlab.gpu_check.labs import labs_passed
 
 
@@ -64,6 +65,7 @@ def render(report: dict) -> str:
         lines += lab_lines(mode, run)
     lines += [_memory_line(row) for row in report.get("memory", [])]
     lines += [_block_line(row) for row in report.get("block", [])]
+    lines += gemm.render_lines(report.get("gemm")) + step.render_lines(report.get("step"))
     lines += [_bandwidth_line(row)
               for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]]
     lines += [f"ERROR in {e}" for e in report.get("errors", [])]
