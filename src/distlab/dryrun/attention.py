@@ -6,7 +6,8 @@ for the backward, only q, k, v, its output and the log-sum-exp of every row of s
 in float32 (Dao et al. 2022, sec. 3.1: the backward recomputes the probabilities from it). On the meta
 device there is no fused kernel: PyTorch takes the math path (`_fused_sdp_choice` answers "math" for a
 meta tensor), whose softmax saves the b x a x s x s probabilities, 4.3 GB per block and micro-batch of
-Llama 3 405B's shape on one tp rank in float32. A dry run that measures that path measures a memory no real run has.
+Llama 3 405B's shape on one tp rank in float32. A dry run that measures that path measures a memory
+no real run has.
 
 `FusedAttentionOnMeta()` is a `TorchFunctionMode` that, while open, sends every
 `scaled_dot_product_attention` whose query is a meta tensor to the CPU flash kernel's op,
