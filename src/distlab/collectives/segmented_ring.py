@@ -21,7 +21,6 @@ from torch.distributed import ProcessGroup, ReduceOp
 
 from distlab.collectives.p2p import Reduce, Team, flatten, reducer, team, write_back
 from distlab.collectives.ring import ALL_GATHER, REDUCE_SCATTER, RingStep, chunk_bounds, ring_steps
-from distlab.collectives.ring_two_ranks import exchange_halves
 from distlab.collectives.segmenting import DEFAULT, Segmenting
 
 # --------------------------------------------------------------------------------------------------
@@ -229,9 +228,7 @@ def segmented_ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     segmenting as in gloo's ring). Same steps as ring_all_reduce_schedule(p); returns `tensor`.
 
     Cost: 2 (p - 1) alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank, with each
-    chunk's alpha paid once per segment and all but the last segment's reduction hidden. A group of two
-    runs the same two steps as `ring_two_ranks.exchange_halves` (the same segments, less Python work
-    between messages).
+    chunk's alpha paid once per segment and all but the last segment's reduction hidden.
     """
     return _segmented_ring_all_reduce(team(group, segmenting), tensor, op)
 
@@ -240,10 +237,6 @@ def _segmented_ring_all_reduce(t: Team, tensor: torch.Tensor, op: ReduceOp) -> t
     reduce, flat = reducer(op), flatten(tensor)
     if t.size == 1 or flat.numel() == 0:
         return tensor
-    bounds = chunk_bounds(flat.numel(), t.size)
-    if t.size == 2:  # one peer: the same two steps as an exchange of halves, with less work between messages
-        exchange_halves(t, flat, reduce, _segments_per_chunk(bounds, flat.element_size(), t.segmenting)[0])
-        return write_back(tensor, flat)
-    plan = _Plan.make(flat, bounds, ring_steps(t.size, t.pos), t.segmenting, None)
+    plan = _Plan.make(flat, chunk_bounds(flat.numel(), t.size), ring_steps(t.size, t.pos), t.segmenting, None)
     _stream(t, plan, reduce)
     return write_back(tensor, flat)
