@@ -8,6 +8,10 @@ Files:
 - `environment.py`: what the report names (GPU, driver, CUDA, NCCL, torch);
 - `bench.py`: the measurements (chapter 7's CUDA peak against its prediction, chapter 8's host-to-device
   and device-to-device bandwidth, chapter 1's busbw);
+- `gemm.py`: the GEMM grid (bf16, FP8), the compiled cast and FP8 against bf16 at five sizes, fitted into
+  `distlab.kernel_rates` and set beside chapter 7's FP8 cost model;
+- `step.py`: the course's GPT's one-GPU step time and peak at four sizes beside chapter 9's
+  `plan.kernel_time` and the single eta;
 - `report.py`: pytest's outcomes read back, the verdict, and the JSON and text written to assets/gpu/;
 - `__main__.py`: `python -m distlab.gpu_check`, which runs `pytest -m gpu` and the measurements and
   writes the report under assets/gpu/.

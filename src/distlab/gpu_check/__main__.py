@@ -4,7 +4,9 @@
    and at one rank per GPU, gloo over CUDA tensors, chapter 7's measured peak against its prediction;
 2. the measurements: chapter 7's peak against its prediction (`bench`), one transformer block's kernel
    efficiency eta for chapter 9's planner (`block`), host-to-device, device-to-host, device-to-device and
-   GPU-to-GPU bandwidth (chapter 8), and the all_reduce bus bandwidth over every GPU (chapter 1);
+   GPU-to-GPU bandwidth (chapter 8), the all_reduce bus bandwidth over every GPU (chapter 1), the GEMM
+   and cast grid with FP8 against bf16 beside chapter 7's model (`gemm`), and the course's GPT's step time
+   and peak beside chapter 9's models (`step`, with the rates `gemm` fitted);
 3. one report, JSON and text, under assets/gpu/ (`report`), naming the GPU, driver, CUDA, NCCL and torch.
 
 Exit status 0 only if every test passed and every measurement ran. Without CUDA it says it found no
@@ -19,11 +21,12 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from distlab.gpu_check import bench, block, environment, report
+from distlab.gpu_check import bench, block, environment, gemm, report, step
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: src/distlab/gpu_check/__main__.py
 NO_GPU = ("distlab gpu-check: found no GPU (torch.cuda.is_available() is False); nothing was run, nothing "
@@ -56,7 +59,8 @@ def run_tests(tests: str) -> tuple[list[dict], int]:
 def measure(out: dict) -> None:
     """Every measurement into `out`; one that raises is recorded in out["errors"], the others still run."""
     for key, fn in (("memory", bench.memory_check), ("block", block.block_efficiency),
-                    ("bandwidth", bench.bandwidth), ("busbw", bench.busbw)):
+                    ("bandwidth", bench.bandwidth), ("busbw", bench.busbw),
+                    ("gemm", gemm.measure), ("step", partial(step.measure_with, out))):
         try:
             out[key] = fn()
         except Exception:

@@ -15,6 +15,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from distlab.gpu_check import gemm, step
+
 
 def test_outcomes(junit_xml: str | Path) -> list[dict]:
     """[{"test": "tests/test_gpu.py::name[param]", "outcome": ..., "message": ...}] from a JUnit XML file."""
@@ -56,6 +58,7 @@ def render(report: dict) -> str:
     lines += _test_lines(report.get("tests", []))
     lines += [_memory_line(row) for row in report.get("memory", [])]
     lines += [_block_line(row) for row in report.get("block", [])]
+    lines += gemm.render_lines(report.get("gemm")) + step.render_lines(report.get("step"))
     lines += [_bandwidth_line(row)
               for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]]
     lines += [f"ERROR in {e}" for e in report.get("errors", [])]
