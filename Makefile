@@ -12,13 +12,19 @@ STAMP  := $(VENV)/.installed
 TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -o 'torch==[0-9][0-9a-z.]*' pyproject.toml | head -n 1)
-# Said before pip starts when torch is not installed yet, on Linux without an NVIDIA GPU (no nvidia-smi,
-# no /proc/driver/nvidia) and no TORCH_INDEX given: how to take the CPU build instead. It only prints (CI
-# and scripts never wait on it); Ctrl-C stops the download.
+TORCH_VERSION := $(patsubst torch==%,%,$(TORCH_PIN))
+# Whether this .venv lacks torch at the pinned version (a local label such as +cpu or +cu130 is fine).
+NEEDS_TORCH = ! $(BIN)/python -c 'import importlib.metadata as m, sys; \
+	  sys.exit(m.version("torch").split("+")[0] != "$(TORCH_VERSION)")' >/dev/null 2>&1
+# Said before the torch download starts, on Linux without an NVIDIA GPU (no nvidia-smi, no
+# /proc/driver/nvidia) and no TORCH_INDEX given: what happens next, and how to take the CPU build instead. It
+# only prints (CI and scripts never wait on it); the download then shows its own progress.
 NO_GPU_NOTICE = if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 \
-	  && [ ! -e /proc/driver/nvidia ] && ! $(BIN)/python -c 'import torch' >/dev/null 2>&1; then \
-	  echo "distlab: this Linux machine has no NVIDIA GPU, but PyPI's torch is the CUDA build (several GB)."; \
-	  echo "distlab: to take the CPU-only build instead, press Ctrl-C now and run:"; \
+	  && [ ! -e /proc/driver/nvidia ] && $(NEEDS_TORCH); then \
+	  echo "distlab: this Linux machine has no NVIDIA GPU. Next, pip downloads $(TORCH_PIN) from its default"; \
+	  echo "distlab: index (PyPI unless your pip is configured otherwise), which on PyPI is the CUDA build:"; \
+	  echo "distlab: several GB with its CUDA libraries, minutes on a fast line. For the CPU-only build"; \
+	  echo "distlab: (a few hundred MB), stop it with Ctrl-C at any time and run:"; \
 	  echo "distlab:     make $(or $(MAKECMDGOALS),lab) TORCH_INDEX=$(CPU_TORCH_INDEX)"; fi
 INSTRUCTOR_HTML := _build/instructor/_build/html
 
@@ -31,7 +37,8 @@ MYLABS ?= mylabs
 help:
 	@echo "make lab    set up .venv (first time only) and open JupyterLab on your own copies of the labs,"
 	@echo "            in $(MYLABS)/ (made once, without the worked solutions; your work there is never overwritten)"
-	@echo "make lab-reset LAB=04  start lab 04 afresh (your copy is kept as $(MYLABS)/04_*.before-reset.ipynb)"
+	@echo "make lab-reset LAB=04  start lab 04 afresh (your copy is kept as $(MYLABS)/04_*.before-reset.ipynb;"
+	@echo "            every later reset keeps one more: .before-reset-2.ipynb, -3, ...)"
 	@echo "make progress  which exercises pass, fail or are not written yet (also: .venv/bin/distlab progress)"
 	@echo "make test   run the whole suite: unit tests, every lab notebook (nbval), the book build"
 	@echo "make book   draw the figures and build the public book (no worked solutions) into _build/html"
@@ -54,8 +61,10 @@ $(STAMP): pyproject.toml
 	  exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(if $(TORCH_INDEX),:,$(NO_GPU_NOTICE))
-	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)" \
-	  --index-url $(TORCH_INDEX))
+	@if $(NEEDS_TORCH); then echo "distlab: installing $(TORCH_PIN) first, the largest download (pip shows it):"; \
+	  $(BIN)/python -m pip install --disable-pip-version-check "$(TORCH_PIN)" \
+	  $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); fi
+	@echo "distlab: installing distlab and the rest of its dependencies (quietly; a minute or two)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '$(PACKAGE)'
 	@touch $@
 
@@ -70,8 +79,17 @@ LAB_ARGS ?=
 # `make lab` opens the student's copies in $(MYLABS)/ (git ignores it); `make mylabs` writes the ones that are
 # missing there and never touches one that exists. Progress goes to ~/.distlab/progress.json (distlab.progress).
 ALLOW_ROOT = $(if $(filter 0,$(shell id -u)),--allow-root)
+# JupyterLab serves the whole clone (root_dir) and opens the labs' folder (default_url), so a lab's links to
+# its chapter and to the notation page (../book/*.md) open inside JupyterLab; a root of mylabs/ or labs/
+# would put the book outside what the server can reach (tests/test_student.py resolves every link).
+SERVE = $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/$(1) \
+	$(LAB_ARGS) $(ALLOW_ROOT)
+# $(MYLABS) as a path inside the clone, or an error saying so (JupyterLab could not reach it).
+MYLABS_IN_CLONE = $(patsubst $(CURDIR)/%,%,$(abspath $(MYLABS)))
 lab: kernel mylabs
-	$(BIN)/jupyter lab $(MYLABS)/ $(LAB_ARGS) $(ALLOW_ROOT)
+	@case "$(abspath $(MYLABS))" in "$(CURDIR)"/*) ;; *) echo "MYLABS=$(MYLABS) is outside this clone;" \
+	  "JupyterLab serves the clone, so choose a folder inside it (default: mylabs)"; exit 2;; esac
+	$(call SERVE,$(MYLABS_IN_CLONE))
 
 mylabs: $(STAMP)
 	@$(BIN)/python -m distlab.student labs/[0-9][0-9]_*.ipynb --out $(MYLABS) --keep
@@ -81,10 +99,10 @@ lab-reset: $(STAMP)
 	@set -- labs/$(LAB)_*.ipynb; test -f "$$1" || { echo "No lab numbered '$(LAB)' in labs/ (e.g. LAB=04)"; \
 	  exit 2; }; $(BIN)/python -m distlab.student "$$1" --out $(MYLABS) --reset
 
-# Instructors: the full labs, with the worked solutions and their stored outputs; nothing is recorded as the
-# student's progress (the solutions pass).
+# Instructors: the full labs, with the worked solutions and their stored outputs. Nothing is recorded as the
+# student's progress: a lab that holds its solutions records for its own kernel only (distlab.progress).
 lab-instructor: kernel
-	DISTLAB_PROGRESS=off $(BIN)/jupyter lab labs/ $(LAB_ARGS) $(ALLOW_ROOT)
+	$(call SERVE,labs)
 
 progress: $(STAMP)
 	@$(BIN)/distlab progress

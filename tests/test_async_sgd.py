@@ -122,7 +122,7 @@ def test_async_mode_applies_every_push_once_and_learns():
     config = PSConfig(mode="async", steps=8, compute_time=0.005, straggler=1, slowdown=3)
     run = train(config, 3)
     applied_exactly_once(run)
-    assert len(run.server.updates) >= 8 * 3  # the budget, plus pushes that were in flight at the end
+    assert len(run.server.updates) == 8 * 3  # the budget exactly: none in flight at the end is extra
     assert [u.applied_version for u in run.server.updates] == list(range(len(run.server.updates)))
     assert all(u.staleness == u.applied_version - u.read_version >= 0 for u in run.server.updates)
     _, _, loss = loss_curve(run)
@@ -149,7 +149,7 @@ def test_async_server_carries_on_without_a_dead_worker_and_reports_it(mode, stal
     assert death.worker == 2 and death.clock == 2  # its pushes for clocks 0 and 1 arrived
     assert death.version <= run.server.version
     applied_exactly_once(run)
-    assert len(run.server.updates) >= 6 * 3  # the others made up the budget
+    assert len(run.server.updates) == 6 * 3  # the others made up the budget, and no more
 
 
 def test_sync_mode_fails_clearly_when_a_worker_dies():
@@ -167,7 +167,16 @@ def test_python_m_async_sgd_runs_under_torchrun():
                           "--mode", "ssp", "--staleness", "1", "--steps", "4"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "mode=ssp workers=2: " in out.stdout and "staleness histogram: 0: " in out.stdout
+    assert "mode=ssp workers=2: 8 gradients applied" in out.stdout  # --steps 4 x 2 workers, no more
+    assert "staleness histogram: 0: " in out.stdout
+
+
+def test_the_command_applies_steps_times_workers_gradients(capsys):
+    """`python -m distlab.async_sgd --steps 10` with 2 workers applied 21 gradients (issue 38, D13): a
+    worker sent parameters just before the budget was reached pushed one more. Now exactly 20."""
+    main(["--steps", "10", "--world-size", "3"])
+    out = capsys.readouterr().out
+    assert "mode=async workers=2: 20 gradients applied, final version 20," in out, out
 
 
 # --- bad input -----------------------------------------------------------------------------------

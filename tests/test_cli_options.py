@@ -13,10 +13,9 @@ import importlib
 
 import pytest
 
-from distlab import cli_types
+from distlab import chapters, cli_types
 
-ENTRY_POINTS = ["async_sgd", "collectives", "context_parallel", "data_parallel", "hardware", "memory", "moe",
-                "parallel3d", "pipeline", "plan", "tensor_parallel", "dryrun"]
+ENTRY_POINTS = chapters.modules()  # every chapter's python -m distlab.<name>, from the one chapter table
 # the entry points that take their common options from distlab.cli_types (plan and memory adopt it later)
 ON_CLI_TYPES = [e for e in ENTRY_POINTS if e not in ("plan", "memory")]
 PROMISED = {"world_size": "--world-size", "seed": "--seed", "dtype": "--dtype", "steps": "--steps",
@@ -31,6 +30,17 @@ def _parsers(name: str) -> list[argparse.ArgumentParser]:
     top = importlib.import_module(f"distlab.{name}.__main__").parser()
     subs = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
     return [top, *(p for action in subs for p in action.choices.values())]
+
+
+def _command_of(name: str, dest: str) -> list[str]:
+    """The sub-command whose parser holds option `dest` (`["heal"]`), or [] when the top parser does."""
+    top = importlib.import_module(f"distlab.{name}.__main__").parser()
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                if any(a.dest == dest for a in sub._actions):
+                    return [command]
+    return []
 
 
 def _options(name: str) -> list[argparse.Action]:
@@ -76,7 +86,7 @@ def test_common_options_read_their_values_the_same_way(name: str, capsys: pytest
                                ("seed", "-1", "argument --seed: -1 must be at least 0")):
         if dest in options:
             with pytest.raises(SystemExit) as done:
-                _parsers(name)[0].parse_args([PROMISED[dest], bad])
+                _parsers(name)[0].parse_args([*_command_of(name, dest), PROMISED[dest], bad])
             assert done.value.code == 2
             err = capsys.readouterr().err
             assert err.startswith("usage:") and message in err, (name, err)

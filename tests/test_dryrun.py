@@ -89,7 +89,14 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
         assert done.value.code == 2 and message in capsys.readouterr().err
     assert main(["--published", "bloom-176b", "--rank", "3", "--layers", "12", "--microbatches", "1"]) == 0
     out = capsys.readouterr().out
-    assert "rank 3 of bloom-176b at (pp, dp, tp) = (0, 0, 3)" in out and out.rstrip().endswith(": ok")
+    assert "rank 3 of bloom-176b at (pp, dp, tp) = (0, 0, 3)" in out and "(tolerance 1%): ok" in out
+    assert out.rstrip().endswith("(attention: flash), 19% of one A100's 80 GB of HBM: fits")
+    # the math path's probabilities do not fit an H100: the verdict says so, and the exit code is 1
+    assert main(["--published", "llama3-405b-16k", "--microbatches", "2",
+                 "--attention", "math"]) == 1
+    out = capsys.readouterr().out
+    assert "(tolerance 1%): ok" in out and "(attention: math)" in out
+    assert out.rstrip().endswith("DOES NOT FIT")
 
 
 def test_the_comm_log_records_fake_collectives_on_fake_tensors_too() -> None:

@@ -78,8 +78,9 @@ def _die_in_collective(how: str) -> None:
 
 @pytest.mark.parametrize("how, headline", [
     ("exit", "rank 1 exited with code 3 without raising a Python exception. Something called os._exit"),
-    ("SIGKILL", "rank 1 was killed by SIGKILL (signal 9) without raising a Python exception. SIGKILL is "
-                "usually the out-of-memory killer"),
+    ("SIGKILL", "rank 1 was killed by SIGKILL (signal 9) without raising a Python exception. SIGKILL "
+                "cannot be caught, and nothing here says who sent it: a script or a person (kill -9), or "
+                "the out-of-memory killer if"),
     ("SIGSEGV", "rank 1 was killed by SIGSEGV (signal 11) without raising a Python exception. SIGSEGV is "
                 "a crash in native code"),
 ])

@@ -222,7 +222,7 @@ def test_explain_names_the_differences() -> None:
     (lambda: ModelSpec(2, 100, 3, 10, 8), "hidden=100 is not divisible by heads=3"),
     (lambda: ModelSpec(0, 96, 6, 10, 8), "model layers=0 must be a positive integer, e.g. --layers 8"),
     (lambda: ModelSpec(2, 96, 6, 10, 8, kv_heads=4), "kv_heads=4 must be a positive integer that divides"),
-    (lambda: ClusterSpec("B200"), "gpu='B200' is not in the planner's table; choose one of V100, A100"),
+    (lambda: ClusterSpec("B300"), "gpu='B300' is not in the planner's table; choose one of V100, A100"),
     (lambda: ClusterSpec("A100", 0), "cluster nodes=0 must be a positive integer, e.g. --nodes 8"),
     (lambda: ClusterSpec("A100", inter_GBps=-1.0), "inter_GBps=-1.0 must be a positive number"),
     (lambda: Workload(0), "batch=0 must be a positive integer number of sequences"),

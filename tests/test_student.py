@@ -5,6 +5,7 @@ lives inside this clone's .venv."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -140,10 +141,8 @@ def _make(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 def test_make_lab_opens_the_students_own_copies_and_never_overwrites_them(tmp_path):
     """`make lab` opens mylabs/ (git-ignored), made once from the student versions; a second `make lab`
     leaves the student's work as it is; `make lab-reset LAB=NN` makes one lab fresh, keeping the old."""
-    dry = subprocess.run(["make", "-n", "lab", "MYLABS=mine"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
-    [line] = [ln for ln in dry.splitlines() if "jupyter lab" in ln]
-    assert shlex.split(line)[2] == "mine/", f"`make lab` opens {line!r}, not the student's copies"
+    root, folder = _served("lab", "MYLABS=mine")
+    assert (root, folder) == (ROOT, ROOT / "mine"), f"`make lab` opens {folder} in {root}, not the copies"
     assert "mylabs/" in (ROOT / ".gitignore").read_text().split()
     stamp = tmp_path / "installed"  # newer than pyproject.toml: make installs nothing
     stamp.touch()
@@ -167,9 +166,77 @@ def test_make_lab_opens_the_students_own_copies_and_never_overwrites_them(tmp_pa
     assert reset.returncode == 0, reset.stderr
     assert STUB in code() and (mine / "04_pipeline.before-reset.ipynb").read_text() == work
     assert "LAB=04" in _make("lab-reset", *settings).stdout  # no lab named: it says how
-    instructor = subprocess.run(["make", "-n", "lab-instructor"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout
-    assert "DISTLAB_PROGRESS=off" in instructor and "jupyter lab labs/" in instructor
+    assert _served("lab-instructor") == (ROOT, ROOT / "labs")
+
+
+def test_every_reset_keeps_its_own_backup(tmp_path):
+    """`make lab-reset LAB=04` twice (issue 38, D5): the second reset keeps the first backup and numbers
+    its own; the message names both."""
+    stamp = tmp_path / "installed"
+    stamp.touch()
+    mine = tmp_path / "mylabs"
+    settings = [f"BIN={Path(sys.executable).parent}", f"STAMP={stamp}", f"MYLABS={mine}"]
+    assert _make("mylabs", *settings).returncode == 0
+    pipeline = mine / "04_pipeline.ipynb"
+    said = []
+    for attempt in ("first try", "second try", "third try"):
+        pipeline.write_text(pipeline.read_text().replace("raise NotImplementedError", attempt, 1))
+        reset = _make("lab-reset", "LAB=04", *settings)
+        assert reset.returncode == 0, reset.stderr
+        said.append(reset.stdout)
+    backups = ["04_pipeline.before-reset.ipynb", "04_pipeline.before-reset-2.ipynb",
+               "04_pipeline.before-reset-3.ipynb"]
+    for name, attempt in zip(backups, ("first try", "second try", "third try"), strict=True):
+        assert attempt in (mine / name).read_text(), f"{name} does not hold the {attempt}"
+    assert "moved to 04_pipeline.before-reset-3.ipynb" in said[2], said[2]
+    assert "earlier backups kept: 04_pipeline.before-reset-2.ipynb, 04_pipeline.before-reset.ipynb" in said[2]
+
+
+def _served(target: str, *settings: str) -> tuple[Path, Path]:
+    """The folder JupyterLab serves (root_dir) and the one it opens (default_url), for `make -n target`."""
+    dry = subprocess.run(["make", "-n", target, *settings], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    [line] = [ln for ln in dry.splitlines() if "jupyter lab" in ln]
+    options = dict(a.split("=", 1) for a in shlex.split(line) if a.startswith("--") and "=" in a)
+    root = Path(options["--ServerApp.root_dir"])
+    opened = options["--LabApp.default_url"].removeprefix("/lab/tree/")
+    assert options["--LabApp.default_url"] == f"/lab/tree/{opened}", line
+    return root, root / opened
+
+
+def _links(nb: dict) -> list[str]:
+    """The relative Markdown links of a notebook (web links and in-page anchors left out)."""
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    links = [m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)", text)]
+    return [link for link in links if link and "://" not in link and not link.startswith("mailto:")]
+
+
+@pytest.mark.parametrize("target", ["lab", "lab-instructor"])
+def test_every_lab_link_opens_inside_the_folder_jupyterlab_serves(target):
+    """A lab's links to its chapter and to the notation page (`../book/*.md`) open in JupyterLab only when
+    they lead to a file inside the folder it serves (issue 38, D1: a root of mylabs/ or labs/ left the book
+    outside, and clicking did nothing). The student copies are checked as `make lab` writes them."""
+    root, folder = _served(target)
+    checked = 0
+    for lab in LABS:
+        nb = json.loads(lab.read_text())
+        if target == "lab":
+            book = Path(os.path.relpath(ROOT / "book", folder)).as_posix()
+            nb = student_notebook(nb, name=lab.name, book=book)[0]
+        for link in _links(nb):
+            path = (folder / link).resolve()
+            assert path.is_relative_to(root), f"{lab.name}: {link} leads outside {root}"
+            assert path.is_file(), f"{lab.name}: {link} leads to {path}, which does not exist"
+            checked += 1
+    assert checked >= len(LABS), "every lab links to at least the notation page"
+
+
+def test_a_mylabs_folder_outside_the_clone_is_refused_with_the_fix(tmp_path):
+    stamp = tmp_path / "installed"
+    stamp.touch()
+    run = _make("lab", f"BIN={tmp_path}", f"STAMP={stamp}", f"MYLABS={tmp_path / 'elsewhere'}",
+                "-o", "kernel", "-o", "mylabs")  # the check alone: no kernel installed, no copies made
+    assert run.returncode != 0 and "is outside this clone" in run.stdout + run.stderr, run.stdout + run.stderr
 
 
 def test_student_versions_link_to_the_book_from_where_they_are_written(tmp_path):
@@ -185,12 +252,20 @@ def test_student_versions_link_to_the_book_from_where_they_are_written(tmp_path)
 
 @pytest.mark.skipif(sys.platform != "linux" or shutil.which("nvidia-smi") is not None
                     or Path("/proc/driver/nvidia").exists(), reason="the notice is for Linux without a GPU")
-def test_a_linux_machine_without_a_gpu_is_told_how_to_take_the_cpu_torch_before_the_download(tmp_path):
-    """Before pip fetches PyPI's CUDA torch, `make` says how to take the CPU build; it only prints (CI,
-    which runs `make test` on such a machine, must never wait)."""
+def test_a_linux_machine_without_a_gpu_is_told_what_comes_and_sees_the_download(tmp_path):
+    """Before pip fetches torch, `make` says what it does next (which torch, from where, how big on PyPI)
+    and how to take the CPU build instead; it only prints (CI, which runs `make test` on such a machine,
+    must never wait). Then torch is installed in a step of its own, without --quiet, so the long download
+    shows its progress (issue 38, D9: "press Ctrl-C now", then three silent minutes)."""
     notice = _make("--eval", "notice: ; @$(NO_GPU_NOTICE)", "notice", f"BIN={tmp_path}")
     assert notice.returncode == 0
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in notice.stdout, notice.stdout
+    assert "Next, pip downloads torch==" in notice.stdout and "press Ctrl-C now" not in notice.stdout
+    installed = _make("--eval", "notice: ; @$(NO_GPU_NOTICE)", "notice", f"BIN={Path(sys.executable).parent}")
+    assert installed.stdout == "", "torch at the pinned version is there: nothing to download, nothing said"
     rule = subprocess.run(["make", "-n", "env", f"STAMP={tmp_path / 'none'}"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout
+    lines = [ln for ln in rule.splitlines() if "pip install" in ln]
+    assert len(lines) == 2 and '"torch==' in lines[0] and "-e " in lines[1], lines
+    assert "--quiet" not in lines[0], "the torch download must show its progress"
     assert rule.index("no NVIDIA GPU") < rule.index("pip install"), "the notice must come before pip"

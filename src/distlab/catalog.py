@@ -19,56 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+# The row types with no lookup of their own, in a file of their own; re-exported here.
+from distlab.catalog_rows import InfiniBandSpeed, NVLinkGen, PCIeGen, Server
 
-@dataclass(frozen=True)
-class PCIeGen:
-    """One PCI Express generation (PCI-SIG base specifications)."""
-
-    name: str
-    gt_per_s: float  # transfers per second per lane, in GT/s (one bit per transfer up to 5.0, NRZ)
-    encoding: str
-    efficiency: float  # data bits / line bits after the encoding (6.0: data bytes / FLIT bytes)
-    source: str
-    note: str
-
-    @property
-    def lane_GBps_per_direction(self) -> float:
-        """GB/s of one lane, one direction, after the encoding: GT/s x efficiency / 8 bits per byte.
-        Packet headers and flow control come on top (the same for every row), so copies see less."""
-        return self.gt_per_s * self.efficiency / 8
-
-    def link_GBps_per_direction(self, lanes: int = 16) -> float:
-        """GB/s of an x`lanes` link, one direction."""
-        if lanes not in (1, 2, 4, 8, 16):
-            raise ValueError(f"lanes={lanes!r} is not a PCIe link width; use 1, 2, 4, 8 or 16")
-        return lanes * self.lane_GBps_per_direction
-
-
-@dataclass(frozen=True)
-class NVLinkGen:
-    """One NVLink generation as used by its first data-centre GPU."""
-
-    name: str
-    gpu: str
-    links_per_gpu: int
-    link_GBps_per_direction: float
-    source: str
-    note: str
-
-    @property
-    def link_GBps_bidirectional(self) -> float:
-        """One link, both directions added (the figure NVIDIA quotes per link)."""
-        return 2 * self.link_GBps_per_direction
-
-    @property
-    def gpu_GBps_per_direction(self) -> float:
-        """All of one GPU's links, one direction."""
-        return self.links_per_gpu * self.link_GBps_per_direction
-
-    @property
-    def gpu_GBps_bidirectional(self) -> float:
-        """All of one GPU's links, both directions added (NVIDIA's headline figure per GPU)."""
-        return 2 * self.gpu_GBps_per_direction
+__all__ = ["GPU", "InfiniBandSpeed", "NVLinkGen", "NVSwitchGen", "PCIeGen", "Server", "TABLES", "as_dicts",
+           "lookup", "markdown_table", "names"]
 
 
 @dataclass(frozen=True)
@@ -94,54 +49,23 @@ class GPU:
 
     name: str
     architecture: str
-    sms: int
-    fp32_cores: int
-    tensor_cores: int
+    sms: int | None  # None: the cited source does not give it
+    fp32_cores: int | None
+    tensor_cores: int | None
     dense_16bit_tflops: float  # peak dense FP16/BF16 (Tensor Cores where present), no sparsity
     memory_GBps: float  # peak HBM bandwidth, reads and writes together
     nvlink: str
-    pcie: str
+    pcie: str | None  # the host link; None: the GPU reaches its CPU another way (NVLink-C2C)
     source: str
     note: str
-
-
-@dataclass(frozen=True)
-class Server:
-    """One multi-GPU server: how its GPUs are wired together and to the network."""
-
-    name: str
-    gpu: str
-    gpus: int
-    gpu_fabric: str  # "hybrid cube-mesh", or "NVSwitch" (every GPU one hop from every other)
-    nvswitch: str | None
-    nvswitches: int | None
-    nics: int | None  # network ports for GPU traffic (InfiniBand HCAs)
-    nic_Gbps: float | None  # per NIC, per direction, Gb/s
-    source: str
-    note: str
+    memory_GB: float | None = None  # HBM capacity, GB = 1e9 bytes (the part the row describes)
+    dense_fp8_tflops: float | None = None  # peak dense FP8 Tensor Core; None: no FP8 Tensor Cores
+    dense_fp4_tflops: float | None = None  # peak dense FP4 Tensor Core; None: no FP4 Tensor Cores
 
     @property
-    def nic_GBps_per_direction(self) -> float | None:
-        """One NIC, one direction, in GB/s (Gb/s / 8)."""
-        return None if self.nic_Gbps is None else self.nic_Gbps / 8
-
-
-@dataclass(frozen=True)
-class InfiniBandSpeed:
-    """One InfiniBand data rate (InfiniBand Trade Association roadmap)."""
-
-    name: str
-    lane_signal_Gbps: float | None  # line rate of one lane, before encoding (None: not verified here)
-    encoding: str
-    lane_data_Gbps: float  # payload rate of one lane after encoding, one direction
-    x4_Gbps: float  # the rate a 4x port is sold as, one direction
-    source: str
-    note: str
-
-    @property
-    def x4_data_GBps_per_direction(self) -> float:
-        """Payload GB/s of a 4x port, one direction: 4 lanes x lane data rate / 8."""
-        return 4 * self.lane_data_Gbps / 8
+    def nvlink_GBps_per_direction(self) -> float:
+        """All of this GPU's NVLinks, one direction (from its NVLink generation's row)."""
+        return lookup("nvlink", self.nvlink).gpu_GBps_per_direction
 
 
 _DIR = "per direction; "
@@ -182,15 +106,39 @@ TABLES: dict[str, tuple[Any, ...]] = {
                     "both directions, all ports; SHARP engines; a 1U switch tray holds two chips (144 ports, "
                     "14.4 TB/s, nvidia2024nvlink)"),
     ),
+    # Dense peaks: vendors print Tensor Core FLOP/s "with sparsity" (2:4 structured sparsity doubles them);
+    # every figure here is dense, half the sparse one where the source gives only that. HBM GB are 1e9 bytes.
     "gpu": (
         GPU("P100", "Pascal", 56, 3584, 0, 21.2, 720.0, "NVLink 1", "PCIe 3.0", "nvidia2016p100",
-            "no Tensor Cores: 21.2 TFLOPS is FP16 on the CUDA cores"),
+            "no Tensor Cores: 21.2 TFLOPS is FP16 on the CUDA cores; 16 GB HBM2", memory_GB=16.0),
         GPU("V100", "Volta", 80, 5120, 640, 125.0, 900.0, "NVLink 2", "PCIe 3.0", "nvidia2017v100",
-            "125 TFLOPS: Tensor Core FP16 with FP32 accumulate"),
+            "125 TFLOPS: Tensor Core FP16 with FP32 accumulate; 16 GB HBM2 (a 32 GB part came later)",
+            memory_GB=16.0),
         GPU("A100", "Ampere", 108, 6912, 432, 312.0, 1555.0, "NVLink 3", "PCIe 4.0", "nvidia2020ampere",
-            "40 GB SXM4; 624 TFLOPS with 2:4 sparsity"),
+            "40 GB SXM4; 624 TFLOPS with 2:4 sparsity; the 80 GB part has 2039 GB/s (nvidia2021a100)",
+            memory_GB=40.0),
         GPU("H100", "Hopper", 132, 16896, 528, 989.4, 3350.0, "NVLink 4", "PCIe 5.0", "nvidia2022hopper",
-            "SXM5; 1979 TFLOPS with 2:4 sparsity; 3.35 TB/s HBM3 per the datasheet"),
+            "SXM5, 80 GB HBM3; 1979 TFLOPS BF16 and 3958 FP8 with 2:4 sparsity; 3.35 TB/s HBM3 per the "
+            "datasheet (nvidia2023h100)", memory_GB=80.0, dense_fp8_tflops=1978.9),
+        # The same GH100 chip as the H100 with more and faster memory (HBM3e): the page prints 1,979 TFLOPS
+        # BF16 and 3,958 FP8 "with sparsity", 141 GB at 4.8 TB/s, NVLink 900 GB/s (both directions), PCIe
+        # Gen5 128 GB/s (both directions). It gives no SM count.
+        GPU("H200", "Hopper", None, None, None, 989.5, 4800.0, "NVLink 4", "PCIe 5.0", "nvidia2024h200",
+            "SXM, 141 GB HBM3e; 1979 TFLOPS BF16 and 3958 FP8 with 2:4 sparsity", memory_GB=141.0,
+            dense_fp8_tflops=1979.0),
+        # HGX B200 (8 GPUs, nvidia2024hgx): 36 PFLOPS FP16/BF16, 72 FP8, 144 FP4, all "with sparsity"; a
+        # DGX B200 (nvidia2024dgxb200): 1,440 GB of GPU memory at 64 TB/s in all, 72 PFLOPS (FP8)
+        # training and 144 PFLOPS (FP4) inference. Per GPU: divide by 8, then by 2 for dense.
+        GPU("B200", "Blackwell", None, None, None, 2250.0, 8000.0, "NVLink 5", "PCIe 5.0", "nvidia2024hgx",
+            "SXM, 180 GB HBM3e (1,440 GB / 8 in a DGX B200, nvidia2024dgxb200); 4.5 PFLOPS BF16 with 2:4 "
+            "sparsity; host link: the DGX B200's Xeon 8570 CPUs are PCIe 5.0", memory_GB=180.0,
+            dense_fp8_tflops=4500.0, dense_fp4_tflops=9000.0),
+        # GB200 NVL72 (nvidia2024gb200nvl72), per GB200 superchip (1 Grace CPU, 2 Blackwell GPUs): 10 PFLOPS
+        # FP16/BF16, 20 FP8, 40 FP4 "with sparsity"; per rack of 72 GPUs: 13.4 TB HBM3e at 576 TB/s.
+        GPU("GB200", "Blackwell", None, None, None, 2500.0, 8000.0, "NVLink 5", None, "nvidia2024gb200nvl72",
+            "one GPU of a GB200 superchip: 186 GB HBM3e (13.4 TB / 72) at 8 TB/s (576 / 72); 5 PFLOPS BF16 "
+            "with 2:4 sparsity; reaches its Grace CPU over NVLink-C2C, not PCIe", memory_GB=186.0,
+            dense_fp8_tflops=5000.0, dense_fp4_tflops=10000.0),
     ),
     "server": (
         # distlab.hardware.topology's NVLink matrix numbers the GPUs as CUDA and nvidia-smi do (PCI bus
@@ -204,9 +152,17 @@ TABLES: dict[str, tuple[Any, ...]] = {
                "HDR InfiniBand, one NIC per GPU behind a shared PCIe switch"),
         Server("DGX H100", "H100", 8, "NVSwitch", "NVSwitch 3", 4, 8, 400.0, "nvidia2023dgxh100",
                "NDR InfiniBand (ConnectX-7), one NIC per GPU, OSFP cages"),
-        Server("GB200 NVL72", "Blackwell", 72, "NVSwitch", "NVLink Switch chip", 18, None, None,
+        # The DGX H200 is the DGX H100's chassis with H200 GPUs; one user guide covers both.
+        Server("DGX H200", "H200", 8, "NVSwitch", "NVSwitch 3", 4, 8, 400.0, "nvidia2023dgxh100",
+               "NDR InfiniBand (ConnectX-7), one NIC per GPU, as in the DGX H100"),
+        # 2 chips x 72 ports = 8 GPUs x 18 NVLink 5 links; 14.4 TB/s NVLink in all, both directions.
+        Server("DGX B200", "B200", 8, "NVSwitch", "NVLink Switch chip", 2, 8, 400.0, "nvidia2024dgxb200",
+               "8 single-port ConnectX-7 NICs, up to 400 Gb/s InfiniBand or Ethernet; 14.4 TB/s NVLink in "
+               "all (both directions)"),
+        Server("GB200 NVL72", "GB200", 72, "NVSwitch", "NVLink Switch chip", 18, 72, 400.0,
                "nvidia2024superpodgb200", "9 switch trays of 2 chips; one NVLink domain of 72 GPUs, 130 TB/s "
-               "in all (both directions, nvidia2024nvlink)"),
+               "in all (both directions, nvidia2024nvlink); one 400 Gb/s ConnectX-7 NIC per GPU for the "
+               "compute fabric"),
     ),
     "infiniband": (
         InfiniBandSpeed("SDR", 2.5, "8b/10b", 2.0, 10.0, "ibta2024roadmap", "Gb/s, per direction"),
@@ -235,9 +191,12 @@ COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {  # (header, attribute o
                  ("GB/s all ports, both directions", "switch", "g"), ("first server", "first_server", "s"),
                  ("source", "source", "cite")),
     "gpu": (("GPU", "name", "s"), ("architecture", "architecture", "s"), ("SMs", "sms", "d"),
-            ("FP32 cores", "fp32_cores", "d"), ("Tensor Cores", "tensor_cores", "d"),
-            ("dense FP16/BF16 TFLOPS", "dense_16bit_tflops", "g"), ("HBM GB/s", "memory_GBps", "g"),
-            ("NVLink", "nvlink", "s"), ("PCIe", "pcie", "s"), ("source", "source", "cite")),
+            ("HBM GB", "memory_GB", "g"), ("HBM GB/s", "memory_GBps", "g"),
+            ("dense FP16/BF16 TFLOPS", "dense_16bit_tflops", "g"),
+            ("dense FP8 TFLOPS", "dense_fp8_tflops", "g"), ("dense FP4 TFLOPS", "dense_fp4_tflops", "g"),
+            ("NVLink", "nvlink", "s"),
+            ("NVLink GB/s per GPU, per direction", "nvlink_GBps_per_direction", "g"), ("PCIe", "pcie", "s"),
+            ("source", "source", "cite")),
     "server": (("server", "name", "s"), ("GPUs", "gpus", "s"), ("GPU fabric", "gpu_fabric", "s"),
                ("NVSwitch chips", "nvswitches", "s"), ("NICs for GPU traffic", "nics", "s"),
                ("Gb/s per NIC, per direction", "nic_Gbps", "g"), ("source", "source", "cite")),

@@ -4,8 +4,10 @@
     distlab progress [LAB]         which exercises pass, fail or are not written yet
     distlab figures OUTDIR         draw the book's static figures
     distlab pipeline --schedule zbv ...   a chapter's command: the same as python -m distlab.pipeline ...
+    distlab                        the commands, and every chapter (0 to 12) with its own
 
-Also runnable as ``python -m distlab``. Subcommands import their modules lazily, so ``distlab doctor``
+Also runnable as ``python -m distlab``. The chapters' commands come from `distlab.chapters`, the one
+chapter table. Subcommands import their modules lazily, so ``distlab doctor``
 does not pay for matplotlib and ``distlab figures`` does not probe the GPU. A chapter's command hands the
 rest of the line to that chapter's ``__main__`` (``distlab pipeline --help`` shows its options). Output into
 a closed pipe (``distlab doctor --json | head``) ends quietly, as other Unix tools do.
@@ -19,20 +21,18 @@ import os
 import sys
 from collections.abc import Sequence
 
-# Each chapter's entry point: (command, chapter, what it does). The module is distlab.<command>.
-CHAPTERS = (
-    ("collectives", 1, "benchmark our collectives against torch.distributed's, nccl-tests style"),
-    ("data_parallel", 2, "our data parallelism against DDP: parity and time"),
-    ("async_sgd", 3, "one parameter-server run (sync, async, stale-synchronous)"),
-    ("pipeline", 4, "run, check and time one pipelined training step"),
-    ("tensor_parallel", 5, "the tensor-parallel GPT against the dense one, with its communication"),
-    ("moe", 6, "expert parallelism against the reference, with its traffic"),
-    ("memory", 7, "the memory estimator, and a measured step"),
-    ("hardware", 8, "this machine's data paths beside the catalog's figures"),
-    ("parallel3d", 9, "train the GPT on a dp x pp x tp mesh and check it"),
-    ("plan", 9, "rank the ways to train a model on a cluster"),
-    ("context_parallel", 10, "ring attention against dense attention"),
-)
+from distlab import chapters
+
+# Each chapter's entry point as (command, chapter, what it does), from the one chapter table
+# (`distlab.chapters`); the module is distlab.<command>. Chapter 0's command is `doctor`, handled below.
+CHAPTERS = tuple((e.command, c.number, e.what) for c, e in chapters.entry_points() if e.module)
+
+
+def epilog() -> str:
+    """Every chapter, 0 to 12, with its commands: the last lines of `distlab --help`."""
+    rows = [f"  {c.label}  {', '.join(e.command for e in c.entry_points):<28}{c.title.split(':')[0]}"
+            for c in chapters.CHAPTERS]
+    return "chapters and their commands:\n" + "\n".join(rows)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -74,9 +74,11 @@ def _chapter(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="distlab", description="Tools for the distlab course, and every "
-                                     "chapter's command (`distlab COMMAND --help` for its options).")
+                                     "chapter's command (`distlab COMMAND --help` for its options).",
+                                     epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    doctor = sub.add_parser("doctor", help="report the GPUs, NCCL, interconnect and what the labs will use")
+    doctor = sub.add_parser("doctor", help="chapter 0: report the GPUs, NCCL, interconnect and what the labs "
+                            "will use")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=_doctor)
     progress = sub.add_parser("progress", help="which exercises pass, fail or are not written yet, per lab")
@@ -96,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``distlab`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if not argv:  # `distlab` alone: what it can do, not argparse's "required: COMMAND"
+        parser.print_help()
+        return 0
     if argv and argv[0] in {command for command, _, _ in CHAPTERS}:
         # A chapter's command: every later word is its own (argparse would take `--help` for distlab's).
         args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_chapter)

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distlab import catalog, device_names
 from distlab.doctor_network import describe as describe_network
 from distlab.doctor_network import network_env
 
@@ -50,6 +51,14 @@ class GPU:
     memory_gib: float
     compute_capability: str
     multiprocessors: int
+
+    @property
+    def spec(self) -> str:
+        """The catalog's figures for this device (`distlab.device_names`), or why there are none."""
+        row = device_names.gpu_for_device(self.name)
+        held = ", ".join(catalog.names("gpu"))
+        return (device_names.describe(row) if row
+                else f"not in distlab.catalog (it holds {held}; PCIe and NVL cards differ)")
 
 
 @dataclass(frozen=True)
@@ -265,7 +274,7 @@ def _gpus(r: Report) -> list[str]:
         return [NO_GPU]
     lines = [f"GPUs ({len(r.gpus)}):" if r.gpus else NO_GPU]
     lines += [f"  cuda:{g.index}  {g.name}  {g.memory_gib:.1f} GiB  compute capability "
-              f"{g.compute_capability}  {g.multiprocessors} SMs" for g in r.gpus]
+              f"{g.compute_capability}  {g.multiprocessors} SMs\n    catalog: {g.spec}" for g in r.gpus]
     lines += ["", "GPU interconnect (nvidia-smi topo -m):"] + (
         ["  " + row for row in r.topology.splitlines()] if r.topology
         else ["  not available (nvidia-smi did not answer)"])

@@ -11,6 +11,13 @@ Where the file lives:
 - `DISTLAB_PROGRESS=off`: nothing is recorded (`make lab-instructor` sets it: the worked solutions pass);
 - unset: `~/.distlab/progress.json`, in the home folder, never in the clone.
 
+A lab that holds its worked solutions (the instructor's copies in the clone's `labs/`, between
+`# BEGIN SOLUTION` and `# END SOLUTION`; the student's copies never do) never writes the student's file: with
+`DISTLAB_PROGRESS` unset, its checks record in a file of that kernel alone, in the temporary folder, so its
+last cell still shows what that run's checks said (`recording_path`). Which notebook a kernel runs is the one
+JupyterLab names in `JPY_SESSION_NAME`; nbval and nbconvert name none but start the kernel in the
+notebook's folder, so there any lab in the working folder that holds solutions counts.
+
 Which exercises a lab has is read from the lab itself (the `check_...(` calls in its code cells) and the
 chapters' exercise modules (the `def check_...` in files named `*exercises.py`), without importing them.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import json
 import os
 import re
@@ -33,6 +41,8 @@ PACKAGE = Path(__file__).resolve().parent
 LABS = PACKAGE.parents[1] / "labs"  # the clone's labs (an editable install, as `make lab` makes)
 _CALL = re.compile(r"\b(check_\w+)\(")
 _LAB = re.compile(r"^(\d\d)_(\w+)\.ipynb$")
+_SOLUTION = re.compile(r"^[ \t]*# BEGIN SOLUTION[ \t]*$", re.MULTILINE)  # distlab.student's marker
+SESSION = "JPY_SESSION_NAME"  # jupyter_server sets it in a kernel's environment: the notebook's path
 
 
 def progress_path() -> Path | None:
@@ -41,6 +51,41 @@ def progress_path() -> Path | None:
     if value.lower() in ("off", "0", "no", "false", "none"):
         return None
     return Path(value).expanduser() if value else Path.home() / ".distlab" / "progress.json"
+
+
+def holds_solutions(notebook: Path) -> bool:
+    """True when a code cell of `notebook` holds a worked solution (a `# BEGIN SOLUTION` line), as the
+    instructor's labs do and the student versions (`distlab.student`) never do."""
+    try:
+        text = notebook.read_text(encoding="utf-8")
+        cells = json.loads(text).get("cells", []) if "# BEGIN SOLUTION" in text else []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(c.get("cell_type") == "code" and _SOLUTION.search("".join(c.get("source", "")))
+               for c in cells)
+
+
+def solutions_lab(folder: Path | None = None) -> Path | None:
+    """The lab with worked solutions this process runs, or None (a student copy, a script, a test).
+
+    The notebook JupyterLab names in `JPY_SESSION_NAME`; without it (nbval, nbconvert), a lab in `folder`
+    (default: the working folder, where those start the kernel) that holds solutions."""
+    session = os.environ.get(SESSION, "")
+    if session.endswith(".ipynb"):
+        candidates = [Path(session)]
+    else:
+        candidates = sorted((folder or Path.cwd()).glob("[0-9][0-9]_*.ipynb"))
+    return next((lab for lab in candidates if holds_solutions(lab)), None)
+
+
+def recording_path() -> Path | None:
+    """Where this process's checks record, and what its lab's last cell reads: `progress_path()`, except
+    in a lab with the worked solutions while `DISTLAB_PROGRESS` is unset, where it is a file of this
+    process alone (in the temporary folder), so the solutions' passes never reach the student's record."""
+    path = progress_path()
+    if path is None or os.environ.get(ENV, "").strip() or solutions_lab() is None:
+        return path
+    return Path(tempfile.gettempdir()) / f"distlab-progress-instructor-{os.getpid()}.json"
 
 
 def load(path: Path | None = None) -> dict[str, str]:
@@ -56,10 +101,14 @@ def load(path: Path | None = None) -> dict[str, str]:
 
 
 def record(check: str, verdict: str) -> None:
-    """Store `verdict` for `check`; never fails the check itself (an unwritable file is skipped)."""
-    path = progress_path()
+    """Store `verdict` for `check` (in `recording_path()`); never fails the check itself (an unwritable
+    file is skipped)."""
+    path = recording_path()
     if path is None:
         return
+    if path != progress_path() and not path.exists():  # this kernel's own file: gone when it exits
+        atexit.register(path.unlink, missing_ok=True)
+        _sweep(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = load(path)
@@ -70,6 +119,20 @@ def record(check: str, verdict: str) -> None:
         os.replace(tmp, path)  # atomic: two kernels writing at once never leave half a file
     except OSError:
         pass
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the kernel files of processes that are gone (a kernel that was killed runs no atexit)."""
+    if os.name != "posix":  # os.kill(pid, 0) only asks on POSIX
+        return
+    for old in folder.glob("distlab-progress-instructor-*.json"):
+        pid = old.stem.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            old.unlink(missing_ok=True)
+        except (ValueError, OSError):  # not ours to judge: another user's process, or not a pid
+            continue
 
 
 def check_name() -> str | None:
@@ -105,9 +168,10 @@ def lab_exercises(labs: Path = LABS) -> dict[str, list[str]]:
     return out
 
 
-def report(lab: str | None = None, labs: Path = LABS) -> str:
-    """Per lab, each exercise and its latest verdict; `lab` ("04" or "04_pipeline") shows one lab only."""
-    path = progress_path()
+def report(lab: str | None = None, labs: Path = LABS, path: Path | None = None) -> str:
+    """Per lab, each exercise and its latest verdict; `lab` ("04" or "04_pipeline") shows one lab only.
+    `path`: the progress file to read (default: `recording_path()`, this process's)."""
+    path = path or recording_path()
     if path is None:
         return f"progress is not recorded here ({ENV}=off)"
     done = load(path)
@@ -119,9 +183,17 @@ def report(lab: str | None = None, labs: Path = LABS) -> str:
         if checks:
             lines += _lab_lines(name, checks, done)
     if lab is None:
-        lines.append(f"(recorded in ~/{path.relative_to(Path.home())})" if path.is_relative_to(Path.home())
-                     else f"(recorded in {ENV})")
+        lines.append(_where(path))
     return "\n".join(lines)
+
+
+def _where(path: Path) -> str:
+    """The report's last line: where these verdicts are recorded."""
+    if path != progress_path():
+        return "(a lab with the worked solutions: recorded for this kernel only, never as your progress)"
+    if path.is_relative_to(Path.home()):
+        return f"(recorded in ~/{path.relative_to(Path.home())})"
+    return f"(recorded in {ENV})"
 
 
 def _pick_lab(table: dict[str, list[str]], lab: str) -> dict[str, list[str]]:
@@ -153,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("lab", nargs="?", help="one lab's number, e.g. 04 (default: every lab)")
     args = parser.parse_args(argv)
     try:
-        print(report(args.lab))
+        print(report(args.lab, path=progress_path()))
     except ValueError as err:
         parser.error(str(err))
     return 0

@@ -26,7 +26,8 @@ The student's own working copies (what ``make lab`` opens) are made the same way
 
 ``--keep`` never touches a copy that exists, so the student's work survives every later ``make lab``;
 ``--reset`` first moves the student's copy aside to ``NN_topic.before-reset.ipynb`` and then writes a fresh
-one (``make lab-reset LAB=04``).
+one (``make lab-reset LAB=04``). No backup is ever overwritten: a second reset keeps the copy as
+``NN_topic.before-reset-2.ipynb``, a third as ``-3``, and so on.
 """
 
 from __future__ import annotations
@@ -104,11 +105,28 @@ def student_notebook(nb: dict, name: str = "notebook", book: str = "../book") ->
     return nb, total
 
 
+def backup_name(target: Path) -> Path:
+    """The first free backup of the student's copy `target` (NN_topic.ipynb): NN_topic.before-reset.ipynb,
+    then NN_topic.before-reset-2.ipynb, -3, ...; an existing backup is never reused."""
+    aside, n = target.with_name(f"{target.stem}.before-reset.ipynb"), 1
+    while aside.exists():
+        n += 1
+        aside = target.with_name(f"{target.stem}.before-reset-{n}.ipynb")
+    return aside
+
+
+def _earlier(aside: Path) -> str:
+    """What a reset says about the backups an earlier reset left (kept, never overwritten)."""
+    stem = aside.name.split(".before-reset")[0]
+    earlier = sorted(p.name for p in aside.parent.glob(f"{stem}.before-reset*.ipynb") if p != aside)
+    return f" (earlier backups kept: {', '.join(earlier)})" if earlier else ""
+
+
 def write_student_labs(labs: list[Path], out: Path, keep: bool = False, reset: bool = False) -> list[str]:
     """Write the student version of each lab into `out`; return one line per lab saying what happened.
 
     `keep`: leave every copy that exists as it is (the student's work); `reset`: move an existing copy
-    aside (to NN_topic.before-reset.ipynb) and write a fresh one."""
+    aside (to the first free `backup_name`) and write a fresh one."""
     if keep and reset:
         raise ValueError("keep=True and reset=True contradict each other: --keep protects the student's "
                          "copies, --reset replaces one; pass one of them")
@@ -120,9 +138,9 @@ def write_student_labs(labs: list[Path], out: Path, keep: bool = False, reset: b
             lines.append(f"{target}: kept (your copy; `make lab-reset LAB={lab.name[:2]}` starts it afresh)")
             continue
         if reset and target.exists():
-            aside = target.with_name(f"{lab.stem}.before-reset.ipynb")
+            aside = backup_name(target)
             target.replace(aside)
-            lines.append(f"{target}: your copy moved to {aside.name}")
+            lines.append(f"{target}: your copy moved to {aside.name}" + _earlier(aside))
         book = Path(os.path.relpath(lab.resolve().parent.parent / "book", out.resolve())).as_posix()
         nb, count = student_notebook(json.loads(lab.read_text()), name=str(lab), book=book)
         target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")

@@ -12,11 +12,12 @@ from distlab.async_sgd.problem import Problem
 
 @dataclass(frozen=True)
 class PSConfig:
-    """One training run. `steps` is per worker: sync runs `steps` rounds, the asynchronous modes stop once
-    the server has applied steps x W gradients. A worker's gradient takes `compute_time` seconds (a sleep
-    that stands for a bigger model), `slowdown` times longer on worker `straggler`. Worker `fail_worker`
-    crashes when it reaches clock `fail_at` (an injected fault). A worker silent for `worker_timeout`
-    seconds while it owes a gradient is presumed dead; `timeout` bounds every wait for a message."""
+    """One training run. `steps` is per worker: sync runs `steps` rounds, the asynchronous modes apply
+    exactly steps x W gradients (the server hands out no parameters the budget has no room for). A
+    worker's gradient takes `compute_time` seconds (a sleep that stands for a bigger model), `slowdown`
+    times longer on worker `straggler`. Worker `fail_worker` crashes when it reaches clock `fail_at` (an
+    injected fault). A worker silent for `worker_timeout` seconds while it owes a gradient is presumed
+    dead; `timeout` bounds every wait for a message."""
 
     mode: str = "async"
     staleness: int | float = math.inf

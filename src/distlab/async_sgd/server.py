@@ -13,9 +13,10 @@ handler of its kind:
 | (a broken connection) | `on_lost` | declare the worker dead |
 
 Between messages the server answers every waiting worker that the consistency rule admits
-(`ssp.may_start`: threshold 0 for sync, s for SSP, infinity for async) and declares dead any worker that
-owes it a message and has been silent for `worker_timeout` seconds. The synchronous mode cannot go on
-without a worker, so there a death is an error that says so.
+(`ssp.may_start`: threshold 0 for sync, s for SSP, infinity for async) and, in the asynchronous modes,
+that the budget of steps x W gradients has room for (those applied plus those being computed); and it
+declares dead any worker that owes it a message and has been silent for `worker_timeout` seconds. The
+synchronous mode cannot go on without a worker, so there a death is an error that says so.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Server:
         self.clocks = {w: 0 for w in range(1, num_workers + 1)}
         self.alive, self.stopped = set(self.clocks), set()
         self.waiting: list[int] = []  # asked for parameters, not yet answered
+        self.computing: set[int] = set()  # sent parameters, its gradient not yet received
         self.heard = {w: 0.0 for w in self.clocks}  # when each worker last sent, or was sent, something
         self.gap_at_read: dict[int, int] = {}
         self.pending: dict[int, tuple[torch.Tensor, int, int]] = {}  # sync: (gradient, clock, read version)
@@ -150,13 +152,25 @@ class Server:
     def done(self) -> bool:
         if self.config.mode == "sync":
             return self.version >= self.config.steps
-        return self.applied >= self.config.steps * self.log.num_workers
+        return self.applied >= self.budget()
+
+    def budget(self) -> int:
+        """The asynchronous modes' number of gradients: steps x W."""
+        return self.config.steps * self.log.num_workers
+
+    def spent(self) -> bool:
+        """Asynchronous modes: would one more gradient pass the budget? The gradients applied and those
+        being computed already make it up (without this, a worker sent parameters just before the budget
+        was reached pushed one gradient too many: `--steps 10` with 2 workers applied 21)."""
+        return self.config.mode != "sync" and self.applied + len(self.computing) >= self.budget()
 
     def answer_waiting(self) -> None:
         """Send STOP to every waiting worker once training is done, else PARAMS to each the rule admits."""
         for w in list(self.waiting):
             live = [self.clocks[u] for u in self.alive]
             if not (self.done() or may_start(self.clocks[w], live, self.config.threshold)):
+                continue
+            if not self.done() and self.spent():  # it waits: STOP, or the gradient of one that dies
                 continue
             self.waiting.remove(w)
             try:
@@ -167,6 +181,7 @@ class Server:
                     self.gap_at_read[w] = self.clocks[w] - min(live)
                     send_message(Kind.PARAMS, w, self.version, self.params, w, self.group,
                                  self.config.timeout)
+                    self.computing.add(w)
                     self.heard[w] = self.now()
             except RuntimeError as e:  # it died while waiting for its answer
                 self.declare_dead(w, self.now(), f"lost its connection ({_reason(e)})")
@@ -185,6 +200,7 @@ class Server:
                 f"a gradient from every worker, so training cannot go on. Use mode='async' or 'ssp' to "
                 f"continue without a dead worker")
         self.alive.discard(w)
+        self.computing.discard(w)  # its gradient will never come: another worker makes it up
         if w in self.waiting:
             self.waiting.remove(w)
         self.log.deaths.append(Death(w, self.clocks[w], self.version, now))
@@ -202,6 +218,7 @@ class Server:
         """The worker has left after STOP; its listener ends."""
 
     def on_push(self, w: int, msg: Message, now: float) -> None:
+        self.computing.discard(w)
         clock, self.clocks[w] = self.clocks[w], self.clocks[w] + 1
         if self.config.mode == "sync":
             self.pending[w] = (msg.payload, clock, msg.version)

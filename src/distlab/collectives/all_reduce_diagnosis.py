@@ -30,12 +30,13 @@ MAX_RANKS = 8  # 4**8 * 8 * 31 < 2**24 and 8**5 * 5 * 31 < 2**24: sums of up to 
 MAX_COUNT = 30  # on up to MAX_RANKS ranks are exact in float32
 
 
-def encoded_input(rank: int, p: int, n: int):  # -> torch.Tensor
-    """Rank `rank`'s test input of n float32 elements: element i is B**rank + B**p * (i + 1), B = base(p)."""
+def encoded_input(rank: int, p: int, n: int, device: Any = "cpu"):  # -> torch.Tensor
+    """Rank `rank`'s test input of n float32 elements on `device`: element i is B**rank + B**p * (i + 1),
+    B = base(p)."""
     import torch
 
     b = base(p)
-    return (b**rank + b**p * torch.arange(1, n + 1, dtype=torch.float64)).float()
+    return (b**rank + b**p * torch.arange(1, n + 1, dtype=torch.float64, device=device)).float()
 
 
 def default_counts(p: int) -> list[int]:
@@ -242,16 +243,16 @@ def _run_cases(fn: Callable[..., Any], counts: Sequence[int], ranks_per_node: in
     """
     import torch.distributed as dist
 
-    from distlab import mesh
+    from distlab import launch, mesh
 
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank, p, dev = dist.get_rank(), dist.get_world_size(), launch.device()
     groups = ()
     if ranks_per_node is not None:
         grid = mesh.grid(dp=p // ranks_per_node, tp=ranks_per_node)
         groups = (grid["tp"].get_group(), grid["dp"].get_group())
     out = []
     for n in counts:
-        tensor = encoded_input(rank, p, n)
+        tensor = encoded_input(rank, p, n, dev)  # on the rank's device: NCCL takes only its GPU's tensors
         original, expected = tensor.clone(), tensor.clone()
         dist.all_reduce(expected)
         returned = fn(tensor, *groups)

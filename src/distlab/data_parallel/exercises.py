@@ -30,13 +30,14 @@ SHAPES: tuple[tuple[int, ...], ...] = ((3, 4), (5,), (2, 3), (4,), (2, 2))
 BUCKET_BYTES = 48  # 12 floats: buckets [(2, 2) (4,)], [(2, 3) (5,)], [(3, 4)] in backward order
 
 
-def make_params(rank: int) -> list[nn.Parameter]:
-    """Parameters of SHAPES whose gradient on `rank` is 1000 (rank + 1) + 10 j + i / 10 for element i of
-    parameter j: every value distinct within a rank, and different on every rank."""
+def make_params(rank: int, device: torch.device | str = "cpu") -> list[nn.Parameter]:
+    """Parameters of SHAPES on `device` whose gradient on `rank` is 1000 (rank + 1) + 10 j + i / 10 for
+    element i of parameter j: every value distinct within a rank, and different on every rank."""
     params = []
     for j, shape in enumerate(SHAPES):
-        p = nn.Parameter(torch.zeros(shape))
-        values = 1000.0 * (rank + 1) + 10.0 * j + torch.arange(p.numel(), dtype=torch.float32) / 10
+        p = nn.Parameter(torch.zeros(shape, device=device))
+        values = 1000.0 * (rank + 1) + 10.0 * j + torch.arange(p.numel(), dtype=torch.float32,
+                                                                device=device) / 10
         p.grad = values.view(shape)
         params.append(p)
     return params
@@ -118,16 +119,19 @@ def _placement_mistake(results: Sequence[Tensor], want: Tensor, wrong: list[int]
 def run_in_rank(fn: Callable[[list[nn.Parameter]], Any]) -> list[str]:
     """Inside a rank: call `fn` on each bucket of `make_params(rank)`, gather every rank's gradients
     before and after, and explain what is wrong (every rank returns the same sentences)."""
+    from distlab import launch
+
     rank, p = dist.get_rank(), dist.get_world_size()
     problems = []
 
-    def gathered(bucket: list[nn.Parameter]) -> list[Tensor]:
+    def gathered(bucket: list[nn.Parameter]) -> list[Tensor]:  # every rank's gradients, on the CPU
         mine = torch.cat([q.grad.reshape(-1) for q in bucket])
         out = [torch.empty_like(mine) for _ in range(p)]
         dist.all_gather(out, mine)
-        return out
+        return [t.cpu() for t in out]
 
-    for b, bucket in enumerate(make_buckets(make_params(rank), BUCKET_BYTES)):
+    # the parameters on the rank's device (its GPU under NCCL); the explanation compares on the CPU
+    for b, bucket in enumerate(make_buckets(make_params(rank, launch.device()), BUCKET_BYTES)):
         before = gathered(bucket)
         returned = fn(bucket)
         if returned is not None and b == 0:

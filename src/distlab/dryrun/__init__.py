@@ -9,6 +9,8 @@ recorded, not predicted. One idea per file:
 - `layouts`: `DryLayout` and `from_published(name, layers=, microbatches=)`, a row of
   `distlab.plan.published` as a `GPTConfig`, a `Plan3D` and a batch; `estimator_config`, the same layout
   for chapter 7's estimator;
+- `attention`: `FusedAttentionOnMeta`, attention on the meta device as the fused kernel of a real run
+  computes it (saving a log-sum-exp, not the s x s probabilities of the math path, `attention="math"`);
 - `held`: the bytes one rank holds (parameters, gradients, Adam's state) counted by storage identity, which
   works on meta tensors;
 - `run`: `dry_run(layout, rank)`, one step as one rank: its calls per axis (`distlab.comm_log`), chapter

@@ -40,11 +40,12 @@ class Prediction:
                 "activations": self.stage_activations}
 
 
-def predicted(layout: DryLayout, rank: int, dtype_bytes: int = 4) -> Prediction:
-    """The closed forms for rank `rank` of `layout` (float32: 4 bytes per element)."""
+def predicted(layout: DryLayout, rank: int, dtype_bytes: int = 4, attention: str = "flash") -> Prediction:
+    """The closed forms for rank `rank` of `layout` (float32: 4 bytes per element), with attention's
+    saved tensors as the dry run ran it ("flash" or "math", `dryrun.attention`)."""
     stage = layout.coords(rank)["pp"]
     traffic = predicted_traffic(layout.config, layout.plan, layout.batch, layout.seq, stage, dtype_bytes)
-    c = estimator_config(layout)
+    c = estimator_config(layout, attention)
     return Prediction(traffic, estimate(c), stage_activations(c)[stage][1])
 
 

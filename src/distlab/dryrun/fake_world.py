@@ -3,10 +3,13 @@
 `init_process_group("fake", store=FakeStore(), rank=r, world_size=n)` (torch.testing's `fake_pg`, the
 backend PyTorch's own tests and torchtitan's `--comm.mode fake_backend` dry run use) makes this process
 rank r of n: every group of a `DeviceMesh` over the n ranks can be made, and every collective returns at
-once without sending anything, leaving its output as it was. With the meta device (tensors with a shape
-and a dtype but no storage) the course's code then runs one rank's step of a layout of 16,384 GPUs on a
-laptop: every call it makes reaches the dispatcher, where `distlab.comm_log` records it, and no value is
-computed.
+once without sending anything. Outputs it can make from this rank's input are filled from it (an
+all-gather copies the input into every slot, a reduce-scatter returns this rank's chunk unreduced, an
+all-to-all copies, so do gather and scatter at the root); all-reduce, broadcast, reduce, send, recv and
+barrier leave the buffers as they were (torch's `FakeProcessGroup.hpp`). No value is right. With the
+meta device (tensors with a shape and a dtype but no storage) the course's code then runs one rank's
+step of a layout of 16,384 GPUs on a laptop: every call it makes reaches the dispatcher, where
+`distlab.comm_log` records it, and no value is computed.
 """
 
 from __future__ import annotations

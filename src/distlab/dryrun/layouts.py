@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.dryrun.attention import check_attention
 from distlab.memory.estimator import MemoryConfig
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
@@ -45,6 +46,8 @@ class DryLayout:
     seq: int
     source: str = ""
     note: str = ""
+    gpu: str = ""  # the published run's GPU, whose HBM the held bytes must fit in ("" for a toy layout)
+    hbm_bytes: float = 0.0  # that GPU's memory in bytes (distlab.plan's catalogue); 0 when unknown
 
     @property
     def world_size(self) -> int:
@@ -101,21 +104,23 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
     if spec.gated or spec.kv_heads not in (None, spec.heads) or not spec.tied:
         note = (f"{note}; " if note else "") + ("its shape in the course's GPT block (the paper's block "
                                                 "has SwiGLU, grouped-query attention, untied output)")
-    return DryLayout(name, config, plan, batch, spec.seq, f"{run.source}, {run.where}", note)
+    return DryLayout(name, config, plan, batch, spec.seq, f"{run.source}, {run.where}", note, run.gpu,
+                     run.cluster().memory_bytes)
 
 
-def estimator_config(layout: DryLayout) -> MemoryConfig:
+def estimator_config(layout: DryLayout, attention: str = "flash") -> MemoryConfig:
     """Chapter 7's `MemoryConfig` for the same layout: the trainer's float32 Adam (4 + 4 + 8 bytes per
-    parameter, precision "fp32"), no recomputation, no dropout, attention's math path (on the meta device
-    `F.scaled_dot_product_attention` has no flash kernel: it saves the a s^2 b probabilities, where a real
-    CPU or GPU run saves a log-sum-exp), 1F1B with m micro-batches, and the split
-    of `parallel3d.config.block_ranges` (given even when it is even, so that the estimator answers per
-    stage: `estimator.stage_activations`)."""
+    parameter, precision "fp32"), no recomputation, no dropout, attention as the dry run ran it
+    (`attention="flash"`: the fused kernel's log-sum-exp, as a real CPU or GPU run saves; "math": the
+    a s^2 b probabilities of the path the meta device takes by itself), 1F1B with m micro-batches, and the
+    split of `parallel3d.config.block_ranges` (given even when it is even, so that the estimator answers
+    per stage: `estimator.stage_activations`)."""
+    check_attention(attention)
     c, p = layout.config, layout.plan
     split = tuple(len(r) for r in block_ranges(c.n_layer, p.pp))  # given even when even: per-stage answers
     return MemoryConfig(layers=c.n_layer, hidden=c.n_embd, heads=c.n_head, vocab=c.vocab_size,
                         seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), dp=p.dp, tp=p.tp, pp=p.pp,
                         zero=p.zero_stage,
                         precision="fp32", recompute="none", schedule="1f1b", microbatches=p.m,
-                        attention="math", dropout=False,
+                        attention=attention, dropout=False,
                         layer_split=split)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from distlab.dryrun.cost_model import Agreement
 from distlab.dryrun.run import DryRun
 
-__all__ = ["agreement_table", "calls_table", "to_dict"]
+__all__ = ["agreement_table", "calls_table", "fits", "fits_line", "to_dict"]
 
 
 def _gb(x: float) -> str:
@@ -40,11 +40,34 @@ def agreement_table(a: Agreement) -> str:
     return "\n".join(lines)
 
 
+def fits(run: DryRun) -> bool | None:
+    """Whether everything the rank held at once (model states and the peak of the saved activations) is at
+    most its GPU's HBM; None for a layout without a GPU. A lower bound on what the run needs: the
+    allocator's fragmentation, temporary buffers and NCCL's own buffers come on top."""
+    if run.layout.hbm_bytes <= 0:
+        return None
+    return run.memory.total <= run.layout.hbm_bytes
+
+
+def fits_line(run: DryRun) -> str:
+    """One sentence: the bytes held beside the GPU's HBM, with attention's path named, and the verdict."""
+    held = run.memory.total
+    what = f"held in all {held / 1e9:.1f} GB (attention: {run.attention})"
+    verdict = fits(run)
+    if verdict is None:
+        return f"{what}; no GPU given for {run.layout.name}, so no memory verdict"
+    gpu = f"one {run.layout.gpu}'s {run.layout.hbm_bytes / 1e9:.0f} GB of HBM"
+    if verdict:
+        return f"{what}, {held / run.layout.hbm_bytes:.0%} of {gpu}: fits"
+    return f"{what}, {held / run.layout.hbm_bytes:.1f}x {gpu}: DOES NOT FIT"
+
+
 def to_dict(run: DryRun, a: Agreement) -> dict:
     """The report as data (for --json)."""
     return {"layout": run.layout.name, "rank": run.rank, "coords": run.coords,
             "world_size": run.layout.world_size, "source": run.layout.source,
             "calls": [vars(c) for c in run.calls], "control_calls": run.control_calls,
-            "memory": run.memory.to_dict(),
+            "memory": run.memory.to_dict(), "attention": run.attention, "gpu": run.layout.gpu,
+            "hbm_bytes": run.layout.hbm_bytes, "fits": fits(run),
             "traffic_vs_model": {f"{ax}/{k}": list(v) for (ax, k), v in a.traffic.items()},
             "memory_vs_model": {k: list(v) for k, v in a.memory.items()}, "worst": a.worst()}

@@ -8,7 +8,9 @@ the meta device. What it returns is read from what the code did, not from a form
 - the communication: the trainer's own `distlab.comm_log` of the step, summed per (mesh axis,
   collective): calls, the whole buffers B, the ring bytes this rank sends and the group size; and
   chapter 9's `Transfer`s (`parallel3d.traffic.step_traffic`), which the checks compare with the cost model;
-- the memory (`held`): parameters, gradients, Adam's state and the peak of the saved activations.
+- the memory (`held`): parameters, gradients, Adam's state and the peak of the saved activations,
+  with attention saving what the fused kernel of a real run saves (`attention="flash"`, the default:
+  `attention.FusedAttentionOnMeta`), or what the meta device's math path saves (`attention="math"`).
 
 `step_on_ranks` is the same step with values, for small worlds on real ranks (`distlab.launch.run`).
 """
@@ -22,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from distlab.comm_log import CommLog
+from distlab.dryrun.attention import FusedAttentionOnMeta, check_attention
 from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import HeldBytes, gradient_watch, model_state_bytes
 from distlab.dryrun.layouts import DryLayout
@@ -58,6 +61,7 @@ class DryRun:
     memory: HeldBytes
     control_calls: int = 0
     seconds: float = 0.0
+    attention: str = "flash"
 
 
 def summarize(log: CommLog) -> tuple[list[AxisCalls], int]:
@@ -89,17 +93,27 @@ class _NoInitOnMeta(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _one_step(trainer: Trainer3D, idx: torch.Tensor, targets: torch.Tensor) -> HeldBytes:
+def _one_step(trainer: Trainer3D, idx: torch.Tensor, targets: torch.Tensor, attention: str) -> HeldBytes:
     """Run one step of `trainer`, measuring the bytes it holds; the gradients are counted as backward
-    fills them, before ZeRO takes them."""
+    fills them, before ZeRO takes them. `attention="flash"` runs attention's fused kernel on meta."""
     with gradient_watch(trainer.model) as grads:
-        trainer.train_step(idx, targets)
+        if attention == "flash":
+            with FusedAttentionOnMeta():
+                trainer.train_step(idx, targets)
+        else:
+            trainer.train_step(idx, targets)
     params, optimizer = model_state_bytes(trainer.model, trainer.zero)
     return HeldBytes(params, grads.nbytes, optimizer, trainer.last_run.peak_stash_bytes)
 
 
-def dry_run(layout: DryLayout, rank: int, dtype: torch.dtype = torch.float32) -> DryRun:
-    """One step of chapter 9's trainer as rank `rank` of `layout`, on the meta device in a fake world."""
+def dry_run(layout: DryLayout, rank: int, dtype: torch.dtype = torch.float32,
+            attention: str = "flash") -> DryRun:
+    """One step of chapter 9's trainer as rank `rank` of `layout`, on the meta device in a fake world.
+
+    `attention`: "flash" (attention saves what the fused kernel of a real run saves: q, k, v, its output
+    and a log-sum-exp per row) or "math" (the s x s probabilities of the path the meta device takes by
+    itself; an upper bound, no real run's memory)."""
+    check_attention(attention)
     coords = layout.coords(rank)
     start = time.perf_counter()
     p = layout.plan
@@ -109,10 +123,11 @@ def dry_run(layout: DryLayout, rank: int, dtype: torch.dtype = torch.float32) ->
         with meta, _NoInitOnMeta():
             trainer = Trainer3D(mesh, layout.config, p, layout.batch, layout.seq, dtype=dtype, device=meta)
         idx = torch.zeros(layout.batch, layout.seq, dtype=torch.long, device=meta)
-        memory = _one_step(trainer, idx, idx)
+        memory = _one_step(trainer, idx, idx, attention)
         calls, control = summarize(trainer.log)
         traffic = trainer.traffic()
         trainer.close()
     if trainer.coords != coords:
         raise RuntimeError(f"the mesh put rank {rank} at {trainer.coords}, the layout at {coords}")
-    return DryRun(layout, rank, coords, calls, traffic, memory, control, time.perf_counter() - start)
+    return DryRun(layout, rank, coords, calls, traffic, memory, control, time.perf_counter() - start,
+                  attention)

@@ -9,9 +9,10 @@ Parts 1-2, one idea per file:
   `replica_all_reduce_` (the gradient average across replica groups, over dp_replicate).
 - `cost_model`: HSDP's bytes inside a replica group and across, memory, and time on a chapter-8 cluster
   against ZeRO-3 over all ranks.
-- `quorum`: heartbeats, a quorum per round through a key-value store, and the commit vote.
+- `quorum`: heartbeats, a quorum per round through a key-value store, and one decision per round.
 - `heal`: a fresh gloo group per quorum, and the training state sent point-to-point to a replica behind.
 - `replicas`: the data-parallel trainer that uses both (`run_replicas`, with a killed and a joining slot).
+- `scripted`: the faults a run of `replicas` scripts (a kill, a join, a pause), at the same step on every run.
 - `goodput`: useful steps per hour under failures, checkpoint-restart (Young, Daly) against healing.
 - `parity`: HSDP and the healing run against one process (`distlab.reference`).
 - `figures`: the pictures and the goodput explorer of parts 1-2.

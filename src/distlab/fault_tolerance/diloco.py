@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from distlab.comm_log import where
-from distlab.fault_tolerance.local_sgd import LocalSGD, average_, check_outer_lr
+from distlab.fault_tolerance.local_sgd import LocalSGD, average_, check_outer_lr, check_sync_dtype
 from distlab.reference import Optimizer
 
 
@@ -66,7 +66,7 @@ class OuterSync:
                  group: dist.ProcessGroup | None, sync_dtype: torch.dtype | None = None,
                  label: str = "diloco") -> None:
         self.params, self.outer, self.group = list(params), outer, group
-        self.sync_dtype, self.label = sync_dtype, label
+        self.sync_dtype, self.label = check_sync_dtype(sync_dtype), label
         self.global_params = [p.detach().clone() for p in self.params]
         self.pseudo_gradients: list[Tensor] = []  # the averaged Delta of the last sync
 

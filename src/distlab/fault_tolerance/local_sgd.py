@@ -7,11 +7,13 @@ Communicates Little", ICLR; the paper torchft's `LocalSGD` cites). With H = 1 an
 data parallelism: the mean of theta - lr g_r is theta - lr mean(g_r). The group sends the model once per H
 steps instead of the gradients once per step: H times fewer bytes.
 
-`check_sync_every` and `check_outer_lr` are the boundary checks every method of this chapter shares.
+`check_sync_every`, `check_outer_lr` and `check_sync_dtype` are the boundary checks every method of this
+chapter shares.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -31,11 +33,27 @@ def check_sync_every(sync_every: object) -> int:
 
 
 def check_outer_lr(outer_lr: object) -> float:
-    """The outer learning rate: a positive number (DiLoCo uses 0.7; 1 without momentum is averaging)."""
-    if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or not outer_lr > 0:
-        raise ValueError(f"outer_lr={outer_lr!r} must be a positive number; pass e.g. outer_lr=0.7 "
+    """The outer learning rate: a positive finite number (DiLoCo uses 0.7; 1 without momentum is
+    averaging). An infinite one would turn every parameter into inf or NaN at the first outer step."""
+    if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or not 0 < outer_lr < math.inf:
+        raise ValueError(f"outer_lr={outer_lr!r} must be a positive number (finite); pass e.g. outer_lr=0.7 "
                          "(DiLoCo's value) or outer_lr=1.0 with outer_momentum=0 to average the replicas")
     return float(outer_lr)
+
+
+WIRE_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_sync_dtype(sync_dtype: object) -> torch.dtype | None:
+    """The precision the averages travel in: None (the tensors' own) or a floating dtype of 16 bits or
+    more. An integer dtype rounds every pseudo-gradient, most of them to 0 (training stops without an
+    error), and torch.bool keeps only "non-zero": both are refused."""
+    if sync_dtype is not None and sync_dtype not in WIRE_DTYPES:
+        names = ", ".join(str(d) for d in WIRE_DTYPES)
+        raise ValueError(f"sync_dtype={sync_dtype!r} must be None (send in the parameters' own dtype) or a "
+                         f"floating dtype, one of {names}; pass e.g. sync_dtype=torch.bfloat16 to halve "
+                         "the bytes")
+    return sync_dtype  # type: ignore[return-value]
 
 
 def average_(tensors: Iterable[Tensor], group: dist.ProcessGroup | None,

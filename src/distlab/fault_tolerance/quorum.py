@@ -10,11 +10,20 @@ one or more *rounds*; round k goes:
    proposes the replicas checked in so far, with `compare_set` on `r{k}/quorum`: the store keeps the
    first proposal and every replica reads that one, so all agree even if they saw different check-ins.
    The quorum's `step` is the largest step among its members; a member behind it heals from `source`
-   (`heal.py`). Its `quorum_id` stays that of round k-1 when the members and the last commit are the
-   same (the replicas keep their process group), and becomes k otherwise (a fresh group);
-3. commit: after the gradient average each member votes ok or not (`should_commit`); the step is
-   applied only if every member voted ok. A replica killed mid-step never votes: the others see its
-   heartbeat stop, drop the step, and redo it in round k+1 without it. No step is lost; one attempt is.
+   (`heal.py`). Its `quorum_id` stays that of round k-1 when the members are the same and round k-1
+   was not redone (the replicas keep their process group), and becomes k otherwise (a fresh group);
+3. decide: after the gradient average each member votes "ok", "failed" (its collective raised) or
+   "nonfinite" (the averaged gradient or loss holds a NaN or an infinity), and tallies the votes: every
+   member's vote "ok" gives "commit"; a vote "failed", or a member that died or timed out before voting,
+   gives "redo"; otherwise ("nonfinite") "skip". The tally is only a proposal: `compare_set` on
+   `r{k}/decision` keeps the first one, and every member acts on that stored decision, never on its own
+   tally. So the members of a round all commit, all redo or all skip, even when one of them was paused
+   between its all-reduce and its vote, looked dead, and on waking found every vote "ok": it reads the
+   "redo" the others stored and drops the step with them. "commit": apply the step. "redo": drop it and
+   redo it in round k+1 without the dead (a replica killed mid-step never votes: the others see its
+   heartbeat stop); no step is lost, one attempt is. "skip": nobody applies it and training goes on at
+   the next step, as PyTorch's GradScaler skips an optimizer step whose gradients hold an inf or a NaN;
+   a NaN in one replica's data would come back at every redo.
 
 A replica outside the quorum (one that comes back, or a new one) checks in at the round after the newest
 decided one, and again until a quorum takes it. The store must outlive the replicas: `distlab.launch`'s
@@ -24,13 +33,18 @@ lighthouse is).
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 POLL = 0.005  # seconds between looks at the store
+OK, FAILED, NONFINITE = "ok", "failed", "nonfinite"  # a member's vote
+COMMIT, REDO, SKIP = "commit", "redo", "skip"  # the round's one decision
 
 
 @dataclass(frozen=True)
@@ -131,10 +145,21 @@ class QuorumClient:
         if isinstance(replica, bool) or not isinstance(replica, int) or not 0 <= replica < replicas:
             raise ValueError(f"replica={replica!r} must be a replica id from 0 to {replicas - 1}")
         self.store, self.replica, self.replicas = store, replica, replicas
+        self._claim()
         self.min_replicas, self.join_timeout = min_replicas, join_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.heartbeat = Heartbeat(beat_store, replica, heartbeat_interval)
         self.seen: dict[int, tuple[int, float]] = {}  # replica -> (last counter, when it last moved)
+
+    def _claim(self) -> None:
+        """Take this replica id for this process, once per run's store: a second process with the same
+        id would share its heartbeat, its check-ins and its rank in the quorum's group, and hang there."""
+        me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # one client, even in one process
+        holder = self.store.compare_set(f"claim/{self.replica}", "", me).decode()
+        if holder != me:
+            raise ValueError(f"replica={self.replica} is already claimed by the process {holder} "
+                             f"(host:pid:client) in this run's store; give every replica process its own "
+                             f"id from 0 to {self.replicas - 1}")
 
     # -- liveness -------------------------------------------------------------------------------------
     def alive(self, replica: int) -> bool:
@@ -161,6 +186,7 @@ class QuorumClient:
         start = time.monotonic()
         while not self._has(f"r{round_}/quorum"):
             if not expected:  # outside the quorum: the members decide, this replica waits to be taken
+                self._check_not_finished(step)
                 if time.monotonic() - start > self.join_timeout:
                     raise QuorumError(f"replica {self.replica}: round {round_} was not decided within "
                                       f"{self.join_timeout:g} s; are any replicas training?")
@@ -188,30 +214,51 @@ class QuorumClient:
             present = [i for i in range(self.replicas) if self._has(f"r{round_}/in/{i}")]
         steps = [int(self.store.get(f"r{round_}/in/{i}")) for i in present]
         qid = round_
-        if round_ > 0 and self._has(f"r{round_ - 1}/quorum") and self._has(f"r{round_ - 1}/commit"):
+        if round_ > 0 and self._has(f"r{round_ - 1}/quorum") and self._has(f"r{round_ - 1}/decision"):
             prev = Quorum.decode(round_ - 1, self.store.get(f"r{round_ - 1}/quorum").decode())
-            if prev.members == tuple(present) and self.store.get(f"r{round_ - 1}/commit") == b"1":
-                qid = prev.quorum_id
+            if prev.members == tuple(present) and self.store.get(f"r{round_ - 1}/decision").decode() != REDO:
+                qid = prev.quorum_id  # the group's last collective worked: keep it
         proposal = Quorum(round_, qid, tuple(present), tuple(steps)).encode()
         self.store.compare_set(f"r{round_}/quorum", "", proposal)  # the first proposal stays
         self.store.set("latest", str(round_ + 1))  # the round a replica outside the quorum checks in at
 
+    def finish(self, steps: int) -> None:
+        """Say that the run is over, after `steps` steps: a replica still outside the quorum then has
+        nobody left to heal from, and stops waiting for one (`quorum` raises at once)."""
+        self.store.set("finished", str(steps))
+
+    def _check_not_finished(self, step: int) -> None:
+        if self._has("finished"):
+            done = int(self.store.get("finished"))
+            raise QuorumError(f"replica {self.replica} is outside the quorum at step {step}, and the others "
+                              f"finished the run ({done} steps) without it: nobody is left to heal from, so "
+                              "its weights are not the run's (was it paused or slow for longer than "
+                              "heartbeat_timeout near the end?)")
+
+    def decide(self, q: Quorum, vote: str) -> str:
+        """Vote `vote` (OK, FAILED or NONFINITE) on round `q.round`'s step and return the round's one
+        decision (COMMIT, REDO or SKIP): the first tally stored, the same for every member."""
+        if vote not in (OK, FAILED, NONFINITE):
+            raise ValueError(f"vote={vote!r} must be one of {OK!r}, {FAILED!r}, {NONFINITE!r}")
+        self.store.set(f"r{q.round}/vote/{self.replica}", vote)
+        return self.store.compare_set(f"r{q.round}/decision", "", self._tally(q)).decode()
+
     def should_commit(self, q: Quorum, ok: bool) -> bool:
-        """Vote on round `q.round`'s step; True only if every member voted ok (torchft's should_commit).
-        A member that died before voting makes it False once its heartbeat stops."""
-        self.store.set(f"r{q.round}/vote/{self.replica}", "1" if ok else "0")
+        """torchft's should_commit: vote ok or failed; True only if the round's decision is to commit."""
+        return self.decide(q, OK if ok else FAILED) == COMMIT
+
+    def _tally(self, q: Quorum) -> str:
+        """This member's proposal for the decision, from the votes (module docstring, step 3). A member
+        that died before voting, or has not voted within the join timeout, makes it REDO."""
         start = time.monotonic()
         while True:
             missing = [m for m in q.members if not self._has(f"r{q.round}/vote/{m}")]
             if not missing:
-                commit = all(self.store.get(f"r{q.round}/vote/{m}") == b"1" for m in q.members)
-                break
+                votes = {self.store.get(f"r{q.round}/vote/{m}").decode() for m in q.members}
+                return COMMIT if votes == {OK} else REDO if FAILED in votes else SKIP
             if not all(self.alive(m) for m in missing) or time.monotonic() - start > self.join_timeout:
-                commit = False
-                break
+                return REDO
             time.sleep(POLL)
-        self.store.set(f"r{q.round}/commit", "1" if commit else "0")
-        return commit
 
     def close(self) -> None:
         self.heartbeat.stop()

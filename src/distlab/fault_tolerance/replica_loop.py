@@ -13,6 +13,7 @@ that a mistake in either shows up as a difference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ from distlab import sharding
 from distlab.comm_log import comm_log
 from distlab.data_parallel.buckets import all_reduce_bucket
 from distlab.fault_tolerance.diloco import DiLoCo
-from distlab.fault_tolerance.local_sgd import LocalSGD, check_outer_lr, check_sync_every
+from distlab.fault_tolerance.local_sgd import LocalSGD, check_outer_lr, check_sync_dtype, check_sync_every
 from distlab.fault_tolerance.streaming import StreamingDiLoCo, layer_fragments, sync_offsets
 from distlab.reference import SGD, Optimizer, Task
 
@@ -55,6 +56,12 @@ class Recipe:
             raise ValueError(f"inner={self.inner!r}: use 'adamw' (DiLoCo's) or 'sgd'")
         check_sync_every(self.sync_every)
         check_outer_lr(self.outer_lr)
+        check_sync_dtype(self.sync_dtype)
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"outer_momentum={self.outer_momentum!r} must be in [0, 1); DiLoCo uses 0.9")
+        if isinstance(self.inner_lr, bool) or not isinstance(self.inner_lr, (int, float)) \
+                or not 0 < self.inner_lr < math.inf:
+            raise ValueError(f"inner_lr={self.inner_lr!r} must be a positive finite number, e.g. 3e-3")
         if self.method == "streaming":
             sync_offsets(self.sync_every, self.fragments)
 

@@ -8,15 +8,19 @@ rows i*b .. (i+1)*b - 1 of the `replicas` x b batch of the step) and, every step
    heals from the quorum's source (`heal.recv_state`) before the step, and the source sends;
 2. computes its gradient and its loss and averages them over the quorum's members with one all-reduce
    on the quorum's own gloo group (`heal.make_group`, a new one whenever the members change);
-3. votes; if every member voted ok the step is applied, otherwise (a member died mid-step, the
-   all-reduce failed) the step is redone in a new round without the dead.
+3. votes ok, failed (its all-reduce raised, or its heal did) or nonfinite (the average holds a NaN or
+   an infinity) and acts on the round's one decision (`QuorumClient.decide`, the same on every member):
+   commit applies the step; redo leaves it to a new round without the dead; skip drops its update and
+   goes on at the next step (`log.skipped`).
 
 `config.kill = (replica, step)`: that replica SIGKILLs itself at that step after its backward, while the
 others wait for it in the all-reduce. `config.join = (replica, step)`: that slot stays out until the
 others have done that many steps, then checks in, heals and trains (a replacement for the dead one, or a
-new one). So that the join lands at that step on every run, however the machine schedules the
-processes, the others wait at its round until it has checked in (at most `join_timeout`): without that a
-slow newcomer could find the run already over.
+new one). `config.pause = (replica, step, seconds)`: that replica stops (SIGSTOP, every thread) after
+its all-reduce at that step, before its vote, for that many seconds (a stalled host). So that the join
+lands at that step on every run, however the machine schedules the processes, the others wait at its
+round until it has checked in (at most `join_timeout`), and one step after a pause they wait for the
+paused replica the same way: without that a slow newcomer could find the run already over.
 
 What the run must equal: one process whose batch at step t is the union of the slices of step t's quorum
 members (`parity.survivors_reference`): the average of equal-sized slices' mean losses
@@ -25,8 +29,8 @@ is the mean loss of their union, and the quorum's averaged gradient is its gradi
 
 from __future__ import annotations
 
+import math
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -35,21 +39,33 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab import launch, reference
-from distlab.fault_tolerance import heal
+from distlab.fault_tolerance import heal, scripted
 from distlab.fault_tolerance.parity import LR, MOMENTUM
-from distlab.fault_tolerance.quorum import Quorum, QuorumClient, check_quorum_config, connect
+from distlab.fault_tolerance.quorum import (
+    COMMIT,
+    FAILED,
+    NONFINITE,
+    OK,
+    REDO,
+    Quorum,
+    QuorumClient,
+    check_quorum_config,
+    connect,
+)
 
 
 @dataclass(frozen=True)
 class ReplicaConfig:
     """One run: `replicas` slots, `per_replica` examples each per step, `steps` steps; a `kill` and a
-    `join` as (replica, step) or None; the quorum's timeouts in seconds."""
+    `join` as (replica, step) and a `pause` as (replica, step, seconds), or None (the module docstring);
+    the quorum's timeouts in seconds."""
 
     replicas: int = 3
     per_replica: int = 8
     steps: int = 6
     kill: tuple[int, int] | None = None
     join: tuple[int, int] | None = None
+    pause: tuple[int, int, float] | None = None
     min_replicas: int = 1
     heartbeat_interval: float = 0.05
     heartbeat_timeout: float = 1.0
@@ -64,28 +80,61 @@ class ReplicaConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        for name in ("kill", "join"):
-            event = getattr(self, name)
-            if event is not None and not (0 <= event[0] < self.replicas and 0 < event[1] < self.steps):
-                raise ValueError(f"{name}={event!r} must be (replica, step) with a replica from 0 to "
-                                 f"{self.replicas - 1} and a step from 1 to {self.steps - 1}")
-        if self.kill and self.join and self.kill[0] == self.join[0]:
-            raise ValueError(f"kill={self.kill} and join={self.join} name the same slot; a killed process "
-                             "does not come back under launch.run: join another slot")
-        if self.kill and self.replicas - (self.join is not None) - 1 < self.min_replicas:
+        _check_seconds("collective_timeout", self.collective_timeout,
+                       "how long a gradient all-reduce or a heal waits for a peer, e.g. 5.0")
+        self._check_events()
+        starting = self.replicas - (self.join is not None)
+        if self.join is not None and starting < self.min_replicas:
+            raise ValueError(f"min_replicas={self.min_replicas} is never reached: join={self.join} keeps "
+                             f"slot {self.join[0]} out until step {self.join[1]}, so only {starting} "
+                             f"replicas start; lower min_replicas to {starting} or add a replica")
+        if self.kill and starting - 1 < self.min_replicas:
             raise ValueError(f"kill={self.kill} leaves fewer than min_replicas={self.min_replicas} replicas; "
                              "lower min_replicas or add replicas")
+
+    def _check_events(self) -> None:
+        """kill, join and pause: a replica slot and a step inside the run, each event on its own slot."""
+        for name, last in (("kill", self.steps - 1), ("join", self.steps - 1), ("pause", self.steps - 2)):
+            event = getattr(self, name)
+            if event is None:
+                continue
+            first, size = (1, 2) if name != "pause" else (0, 3)
+            shape = "(replica, step)" if size == 2 else "(replica, step, seconds)"
+            if not isinstance(event, tuple) or len(event) != size \
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in event[:2]) \
+                    or not (0 <= event[0] < self.replicas and first <= event[1] <= last):
+                raise ValueError(f"{name}={event!r} must be {shape} with a replica from 0 to "
+                                 f"{self.replicas - 1} and a step from {first} to {last}")
+        if self.pause is not None:
+            _check_seconds(f"pause={self.pause!r}: its seconds", self.pause[2],
+                           "e.g. 4.0, longer than heartbeat_timeout so that the others give up on it")
+        slots = [(n, e[0]) for n, e in (("kill", self.kill), ("join", self.join), ("pause", self.pause)) if e]
+        for a, (name, slot) in enumerate(slots):
+            for other, slot2 in slots[a + 1:]:
+                if slot == slot2:
+                    raise ValueError(f"{name}={getattr(self, name)} and {other}={getattr(self, other)} name "
+                                     f"the same slot; script each event on its own slot (a killed process "
+                                     "does not come back under launch.run)")
+
+
+def _check_seconds(name: str, value: object, example: str) -> None:
+    """A positive finite duration, or a ValueError naming `name` (a timeout of 0 s never waits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} must be a positive finite number of seconds: {example}")
 
 
 @dataclass
 class ReplicaLog:
-    """What one replica saw: per committed step its loss (averaged over the quorum) and the quorum's
-    members; the rounds that did not commit; the times of detection and healing; its final parameters."""
+    """What one replica saw: per committed step its loss (averaged over the quorum), per done step the
+    quorum's members; the rounds redone, the steps skipped (not finite), the heals that failed (the
+    error's first line); the times of detection and healing; its final parameters."""
 
     replica: int
     losses: dict[int, float] = field(default_factory=dict)
     members: dict[int, tuple[int, ...]] = field(default_factory=dict)
     failed_rounds: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    failed_heals: list[str] = field(default_factory=list)
     detect_s: float | None = None
     heal_s: float | None = None
     heal_bytes: int = 0
@@ -93,21 +142,22 @@ class ReplicaLog:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _gradient_average(pg, model: nn.Module, loss: torch.Tensor, size: int) -> bool:  # type: ignore[no-untyped-def]
-    """All-reduce the gradients and the loss as one flat buffer; False if a member failed."""
+def _gradient_average(pg, model: nn.Module, loss: torch.Tensor, size: int) -> str:  # type: ignore[no-untyped-def]
+    """All-reduce the gradients and the loss as one flat buffer. The vote: FAILED if a member failed,
+    NONFINITE if the average holds a NaN or an infinity, OK otherwise."""
     params = [p for p in model.parameters()]
     flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
     try:
         pg.allreduce([flat]).wait()
     except RuntimeError:
-        return False
+        return FAILED
     flat /= size
     start = 0
     for p in params:
         p.grad.copy_(flat[start:start + p.numel()].view_as(p))
         start += p.numel()
     loss.data.fill_(flat[-1])
-    return True
+    return OK if bool(torch.isfinite(flat).all()) else NONFINITE
 
 
 def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
@@ -120,7 +170,7 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     model = task.build(c.seed)
     optimizer = reference.SGD(model.parameters(), LR, momentum=MOMENTUM)
     if joiner:  # a slot that starts later: wait until the others have done join-step steps
-        _wait_for_progress(store, c.join[1])
+        scripted.wait_for_progress(store, c.join[1])
     client = QuorumClient(store, beat, me, c.replicas, c.min_replicas, c.heartbeat_interval,
                           c.heartbeat_timeout, c.join_timeout)
     starting = tuple(r for r in range(c.replicas) if not (c.join and r == c.join[0]))
@@ -128,44 +178,67 @@ def train_replica(task: reference.Task, config: ReplicaConfig) -> ReplicaLog:
     round_, expected = (client.next_round(), ()) if joiner else (0, starting)
     asked = time.monotonic()
     while step < c.steps:
-        if c.join and not joiner and step == c.join[1] and c.join[0] not in expected:
-            _wait_for_check_in(store, round_, c.join[0], c.join_timeout)
+        scripted.wait_for_scripted(c, me, step, store, round_, expected)
         q = client.quorum(round_, step, expected)
         if me not in q.members:
             round_, expected = client.next_round(), ()
             continue
         _note_detection(log, store, expected, q.members)
-        if q.quorum_id not in groups:
-            groups = {q.quorum_id: heal.make_group(store, q, me, c.collective_timeout)}
-        pg = groups[q.quorum_id]
-        step = _heal_or_send(pg, q, me, model, optimizer, step, log, asked)
         began = time.monotonic()
-        loss = _backward_on_slice(task, c, me, step, model, optimizer)
-        _kill_if_due(c, me, step, store)
-        ok = _gradient_average(pg, model, loss, len(q.members))
-        if client.should_commit(q, ok):
-            step = _commit(q, me, step, optimizer, loss, log, began, store)
-        else:
-            log.failed_rounds.append(q.round)
+        step, vote, loss = _attempt(task, c, q, groups, model, optimizer, step, log, asked, store)
+        decision = client.decide(q, vote)  # the round's one decision, the same on every member
+        step = _apply(decision, q, me, step, optimizer, loss, log, began, store)
+        if decision == REDO:
             groups = {}  # a group whose collective failed is not used again
         round_, expected = round_ + 1, q.members
+    client.finish(c.steps)
     client.close()
     log.params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return log
 
 
-def _wait_for_progress(store: dist.Store, steps: int) -> None:
-    """Block until the quorum's source has published that `steps` steps are done."""
-    while int(store.add("progress", 0)) < steps:
-        time.sleep(0.005)
+def _attempt(task: reference.Task, c: ReplicaConfig, q: Quorum, groups: dict, model: nn.Module,
+             optimizer: reference.SGD, step: int, log: ReplicaLog, asked: float, store: dist.Store
+             ) -> tuple[int, str, torch.Tensor | None]:
+    """This replica's part of round `q.round`: join the quorum's group (kept in `groups`), heal or send,
+    backward on its slice, the gradient average. The step it is at, its vote, its loss. A peer that dies
+    while the group forms or while the state travels makes the vote FAILED: the round is redone with
+    a new quorum, and a replica still behind heals again from that quorum's source."""
+    me = launch.rank()
+    try:
+        if q.quorum_id not in groups:
+            groups.clear()
+            groups[q.quorum_id] = heal.make_group(store, q, me, c.collective_timeout)
+        pg = groups[q.quorum_id]
+        step = _heal_or_send(pg, q, me, model, optimizer, step, log, asked)
+    except RuntimeError as e:  # gloo's and the store's errors (DistError is a RuntimeError)
+        log.failed_heals.append(f"round {q.round}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return step, FAILED, None
+    loss = _backward_on_slice(task, c, me, step, model, optimizer)
+    scripted.kill_if_due(c, me, step, store)
+    vote = _gradient_average(pg, model, loss, len(q.members))
+    scripted.pause_if_due(c, me, step, store)
+    return step, vote, loss
 
 
-def _wait_for_check_in(store: dist.Store, round_: int, replica: int, timeout: float) -> None:
-    """The scripted join point (module docstring): wait until `replica` has checked in at `round_`, or
-    `timeout` seconds; then the round goes on as usual, with or without it."""
-    start = time.monotonic()
-    while not store.check([f"r{round_}/in/{replica}"]) and time.monotonic() - start < timeout:
-        time.sleep(0.005)
+def _apply(decision: str, q: Quorum, me: int, step: int, optimizer: reference.SGD,
+           loss: torch.Tensor | None, log: ReplicaLog, began: float, store: dist.Store) -> int:
+    """Act on the round's decision: REDO leaves the step to the next round; COMMIT applies it (every
+    member's vote was OK, so `loss` is this round's); SKIP drops its update. Either way the step is
+    done: log it, (the source) publish the progress, and return the next step."""
+    if decision == REDO:
+        log.failed_rounds.append(q.round)
+        return step
+    if decision == COMMIT and loss is not None:
+        optimizer.step()
+        log.losses[step] = loss.item()
+    else:
+        log.skipped.append(step)
+    log.members[step] = q.members
+    log.step_s.append(time.monotonic() - began)
+    if me == q.source:
+        store.set("progress", str(step + 1))
+    return step + 1
 
 
 def _note_detection(log: ReplicaLog, store: dist.Store, expected: tuple[int, ...],
@@ -198,26 +271,6 @@ def _backward_on_slice(task: reference.Task, c: ReplicaConfig, me: int, step: in
     loss = task.loss(model, x[rows], y[rows])
     loss.backward()
     return loss
-
-
-def _kill_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
-    """config.kill's replica dies at its step, after its backward (the time goes to the store)."""
-    if c.kill == (me, step):
-        store.set("killed_at", repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
-
-
-def _commit(q: Quorum, me: int, step: int, optimizer: reference.SGD, loss: torch.Tensor, log: ReplicaLog,
-            began: float, store: dist.Store) -> int:
-    """Every member voted ok: apply the step, log it, and (the source) publish the progress. The next
-    step."""
-    optimizer.step()
-    log.losses[step], log.members[step] = loss.item(), q.members
-    log.step_s.append(time.monotonic() - began)
-    step += 1
-    if me == q.source:
-        store.set("progress", str(step))
-    return step
 
 
 def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0

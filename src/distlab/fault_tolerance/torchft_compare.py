@@ -7,11 +7,13 @@
   gives them exactly that over a torch process group (what torchft's own unit tests do with a mock), so
   the comparison is of the algorithms, not of the quorum. The quorum is `quorum_kill.py`'s subject.
 
-torchft is an optional extra (`pip install -e '.[torchft]'`); this module imports it only when called.
+torchft is an optional extra (`pip install -e '.[torchft]'`); this module imports it only when called,
+and `torchft_missing` says what a lab cell would have shown when it is not installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,22 @@ from torch import Tensor, nn
 from distlab.fault_tolerance.replica_loop import Recipe, inner_optimizer, make_trainer, train_shards
 from distlab.fault_tolerance.streaming import layer_fragments
 from distlab.reference import Task
+
+TORCHFT_INSTALL = ".venv/bin/pip install -e '.[torchft]'"  # pyproject.toml's extra: torchft==0.2.0, Linux
+
+
+def torchft_missing(would_show: str) -> str | None:
+    """None when torchft can be imported; otherwise the lines a lab cell prints instead of running its
+    torchft part: what it would have shown (`would_show`) and how to install torchft (an optional extra,
+    whose wheels are for Linux only), so that the cell, and the lab, go on."""
+    try:
+        found = importlib.util.find_spec("torchft") is not None
+    except (ImportError, ValueError):  # a broken or stubbed-out installation
+        found = False
+    if found:
+        return None
+    return (f"torchft is not installed, so this cell skips its part. With it, the cell would {would_show}.\n"
+            f"To see it: {TORCHFT_INSTALL} (in the clone; torchft's wheels are for Linux), then rerun.")
 
 
 class _Done:

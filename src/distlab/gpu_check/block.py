@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distlab import catalog
+from distlab import catalog, device_names
 from distlab.memory.shape import block_weights, kv_width
 
 
@@ -161,11 +161,10 @@ def time_block(s: BlockShape, device: torch.device, dtype: torch.dtype = torch.b
 
 
 def catalog_gpu(name: str) -> str | None:
-    """The catalog's GPU type for a device name such as 'NVIDIA H100 80GB HBM3' (None: not in the catalog)."""
-    for gpu in ("H200", "H100", "A100", "V100"):
-        if gpu in name.upper():
-            return gpu if gpu in catalog.names("gpu") else None
-    return None
+    """The catalog's GPU type for a device name such as 'NVIDIA H100 80GB HBM3' (None: not in the catalog;
+    `device_names.gpu_for_device` says how names are matched)."""
+    row = device_names.gpu_for_device(name)
+    return None if row is None else row.name
 
 
 def block_efficiency(device: int = 0, repeats: int = 10) -> list[dict]:

@@ -7,6 +7,8 @@ verdict the command's exit status gives: at least one gpu test ran, every one pa
 failed. A skip is no pass (on a GPU node "needs a CUDA GPU" means the GPU path did not run), with one
 exception: a test that needs more GPUs than the node has says so with a reason that starts with
 `NODE_TOO_SMALL` ("needs at least 2 CUDA GPUs ..."), and its skip is the node's size, listed, not a failure.
+When the labs ran (`labs.py`), every cell of every lab must pass in each mode, and the text lists each
+lab's counts and failures.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from distlab.gpu_check import gemm, step
+from distlab.gpu_check.labs import labs_passed
 
 
 def test_outcomes(junit_xml: str | Path) -> list[dict]:
@@ -43,10 +48,12 @@ def too_small(test: dict) -> bool:
 
 def passed(report: dict) -> bool:
     """At least one gpu test passed, every other one passed or was skipped for want of GPUs (`too_small`),
-    and every measurement succeeded."""
+    every lab run (when the labs ran) passed every cell, and every measurement succeeded."""
     tests = report.get("tests", [])
     return (any(t["outcome"] == "passed" for t in tests)
             and all(t["outcome"] == "passed" or too_small(t) for t in tests)
+            and all(labs_passed(run["labs"]) and not run["pytest_status"]
+                    for run in report.get("labs", {}).values())
             and not report.get("errors") and not report.get("pytest_status"))
 
 
@@ -54,8 +61,11 @@ def render(report: dict) -> str:
     """The short text: the node, a line per test that did not pass, the counts, the measurements."""
     lines = _node_lines(report)
     lines += _test_lines(report.get("tests", []))
+    for mode, run in report.get("labs", {}).items():
+        lines += lab_lines(mode, run)
     lines += [_memory_line(row) for row in report.get("memory", [])]
     lines += [_block_line(row) for row in report.get("block", [])]
+    lines += gemm.render_lines(report.get("gemm")) + step.render_lines(report.get("step"))
     lines += [_bandwidth_line(row)
               for row in [*report.get("bandwidth", []), *([report["busbw"]] if report.get("busbw") else [])]]
     lines += [f"ERROR in {e}" for e in report.get("errors", [])]
@@ -80,6 +90,25 @@ def _test_lines(tests: list[dict]) -> list[str]:
     lines += [f"  {t['outcome'].upper()}{' (node too small)' if too_small(t) else ''}: {t['test']}: "
               f"{t['message']}" for t in tests if t["outcome"] != "passed"]
     return lines
+
+
+def lab_lines(mode: str, run: dict) -> list[str]:
+    """The labs of one mode: the totals, a line per lab with its cell counts, each failure under it."""
+    rows = run["labs"]
+    cells = {o: sum(r[o] for r in rows) for o in ("passed", "failed", "error")}
+    lines = [f"labs ({MODE_WORDS.get(mode, mode)}): {'PASSED' if labs_passed(rows) else 'FAILED'}, "
+             f"{len(rows)} labs, cells {cells['passed']} passed, {cells['failed']} failed, "
+             f"{cells['error']} error" + (f" (pytest exit status {run['pytest_status']})"
+                                          if run["pytest_status"] else "")]
+    for r in rows:
+        lines.append(f"  {r['lab']}: {r['passed']} passed, {r['failed']} failed, {r['error']} error"
+                     + (f", {r['skipped']} skipped" if r["skipped"] else ""))
+        lines += [f"    {f}" for f in r["failures"]]
+    return lines
+
+
+MODE_WORDS = {"gpus": "the node's GPUs, NCCL with a GPU per rank where there are enough",
+              "shared": "every rank on cuda:0, gloo over CUDA tensors"}
 
 
 def _memory_line(row: dict) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distlab.comm_log import CommLog
+from distlab.comm_log import _C10D, _FUNCTIONAL, CommLog
 from distlab.gpu_check.rendezvous import Finding, Op, check
 
 SAME_SIZE = ("all_reduce", "broadcast", "reduce", "barrier")  # ops whose B is the same on every rank
@@ -67,13 +67,25 @@ def _group(func: object, args: tuple) -> dist.ProcessGroup:
 
 
 class RuleLog(CommLog):
-    """A `CommLog` whose `calls` list adds what NCCL's rules need (see `Call`)."""
+    """A `CommLog` whose `calls` list adds what NCCL's rules need (see `Call`).
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    device: the rank's device (`launch.device()`, or one a test declares, e.g. "cuda:0" on a gloo rank):
+    then every tensor handed to a collective must be on it (a device without an index, "cuda", takes any
+    GPU), and one on another device is an error naming the call, raised before the call runs when
+    `strict`, else kept in `device_errors` (`strict.py` has the CPU stand-in for a GPU node)."""
+
+    def __init__(self, *args: object, device: str | torch.device | None = None, strict: bool = False,
+                 **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.calls: list[Call] = []
+        self.device = None if device is None else torch.device(device)
+        self.strict = strict
+        self.device_errors: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.device is not None and is_collective(func):
+            self._check_device(func, args)
+            _check_gloo_p2p(func, args)
         before = len(self.records)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if len(self.records) > before:
@@ -87,9 +99,59 @@ class RuleLog(CommLog):
         return out
 
 
-def rule_log() -> RuleLog:
-    """A log to open around a rank's code: `with rule_log() as log: ...; return log.calls`."""
-    return RuleLog()
+    def _check_device(self, func: object, args: tuple) -> None:
+        wrong = sorted({str(t.device) for t in _tensors(args) if not on_device(t, self.device)})
+        if not wrong:
+            return
+        where_ = self._where_and_phase()[0]
+        ns, op = func.namespace, func._opname  # type: ignore[attr-defined]
+        name = f"{(_C10D.get(op) if ns == 'c10d' else _FUNCTIONAL.get(op))[0]} ({ns}.{op})"
+        message = device_message(name + (f" in {where_}" if where_ else ""), wrong, self.device)
+        if self.strict:
+            raise DeviceError(message)
+        self.device_errors.append(message)
+
+
+def _check_gloo_p2p(func: object, args: tuple) -> None:
+    """gloo stages the CUDA tensors of its collectives through host memory, but its send and recv hand
+    the tensor's data pointer to the network as host memory (ProcessGroupGloo::send): stop such a call
+    with an error that says so, before it fails in the transport."""
+    if getattr(func, "_opname", "") not in ("send", "recv_", "recv_any_source_"):
+        return
+    if any(t.is_cuda for t in _tensors(args)) and _group(func, args).name() == "gloo":
+        raise DeviceError(f"{func._opname.rstrip('_')} of a CUDA tensor over gloo: gloo sends and receives "  # type: ignore[attr-defined]
+                          "host memory only (its collectives stage CUDA tensors, its point-to-point calls "
+                          "do not); run these ranks on NCCL, one GPU each, or on the CPU")
+
+
+class DeviceError(RuntimeError):
+    """A tensor handed to a collective is not on the rank's device (what NCCL refuses)."""
+
+
+def is_collective(func: object) -> bool:
+    """Whether a dispatched op is one of the c10d collectives or messages the log records."""
+    ns, name = getattr(func, "namespace", ""), getattr(func, "_opname", "")
+    return (ns == "c10d" and name in _C10D) or (ns == "_c10d_functional" and name in _FUNCTIONAL)
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> bool:
+    """`t` is on `device` (a device without an index, such as "cuda", matches every index)."""
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
+def device_message(call: str, wrong: Sequence[str], device: torch.device) -> str:
+    """The error of a collective given a tensor on the wrong device, naming the call and the fix."""
+    stand_in = (" (the strict check's stand-in for the default device: it was made without device=)"
+                if "meta" in wrong else "")
+    return (f"{call}: a tensor on {', '.join(wrong)}{stand_in}, but this rank's device is {device}: "
+            "make it with device=launch.device(), or move it there with .to(launch.device()), before "
+            "handing it to the collective (NCCL takes only tensors on the rank's own GPU)")
+
+
+def rule_log(device: str | torch.device | None = None, strict: bool = False) -> RuleLog:
+    """A log to open around a rank's code: `with rule_log() as log: ...; return log.calls`; with
+    `device`, every collective's tensors must be on it (see `RuleLog`)."""
+    return RuleLog(device=device, strict=strict)
 
 
 def _key(c: Call) -> tuple:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from distlab import catalog
+from distlab import catalog, device_names
 from distlab.hardware import probe
 from distlab.hardware.probe import gpus as probe_gpus
 from distlab.hardware.probe import host as probe_host
@@ -96,8 +96,14 @@ def host_copy(nbytes: int = 64 << 20, repeats: int = 5) -> Result:
 # --------------------------------------------------------------------------------------------------
 
 def _gpu_spec(index: int) -> Any:
-    model = probe_gpus.gpu_model(torch.cuda.get_device_name(index))
-    return catalog.lookup("gpu", model) if model else None
+    """The catalog row of CUDA device `index` (`device_names.gpu_for_device`), or None."""
+    return device_names.gpu_for_device(torch.cuda.get_device_name(index))
+
+
+def not_in_catalog(index: int = 0) -> str:
+    """Why a result has no catalog figure: the device's name and the GPUs the catalog does hold."""
+    return (f"{torch.cuda.get_device_name(index)} not in the catalog (it holds the SXM parts "
+            f"{', '.join(catalog.names('gpu'))}; PCIe and NVL cards differ)")
 
 
 def _link_of(index: int, links: Sequence[probe_host.PCIeLink]) -> probe_host.PCIeLink | None:
@@ -120,7 +126,9 @@ def _pcie_spec(index: int, links: Sequence[probe_host.PCIeLink]) -> tuple[float 
         return gen.link_GBps_per_direction(link.width), f"{link.generation} x{link.width}, per direction"
     gpu = _gpu_spec(index)
     if gpu is None:
-        return None, "GPU not in the catalog"
+        return None, not_in_catalog(index)
+    if gpu.pcie is None:
+        return None, f"{gpu.name}: no PCIe host link in the catalog ({gpu.note.split('; ')[-1]})"
     return catalog.lookup("pcie", gpu.pcie).link_GBps_per_direction(16), f"{gpu.pcie} x16, per direction"
 
 
@@ -149,7 +157,7 @@ def gpu_results(nbytes: int = 256 << 20, repeats: int = 5, links: Sequence[probe
     t = _median_seconds(lambda: d2.copy_(d), repeats, sync)
     gpu = _gpu_spec(0)
     out.append(Result("D2D", 2 * nbytes / t / 1e9, gpu.memory_GBps if gpu else None,
-                      f"{gpu.name} HBM, reads + writes" if gpu else "GPU not in the catalog",
+                      f"{gpu.name} HBM, reads + writes" if gpu else not_in_catalog(0),
                       "each byte read and written: counted twice"))
     n = torch.cuda.device_count()
     for i, j in itertools.permutations(range(n), 2):
@@ -167,7 +175,8 @@ def _p2p(i: int, j: int, nbytes: int, repeats: int, matrix: dict,
         spec = nv * catalog.lookup("nvlink", gpu.nvlink).link_GBps_per_direction
         spec_name = f"{nv} x {gpu.nvlink}, per direction"
     elif matrix.get((f"GPU{i}", f"GPU{j}"), "").startswith("NV"):  # NVSwitch systems report NV# too
-        spec, spec_name = None, "NVLink (GPU not in the catalog)"
+        spec = None
+        spec_name = "NVLink: " + (not_in_catalog(i) if gpu is None else "link count not read from topo -m")
     else:
         spec, spec_name = _pcie_spec(i, links)
     if not torch.cuda.can_device_access_peer(i, j):

@@ -11,7 +11,8 @@ NCCL with one GPU per rank), calls the function on each, and hands back what eac
 order. What the ranks print is shown afterwards, grouped by rank. If a rank fails, `run` raises a
 `RankError` that names the rank that caused it (not the peers that lost their connection to it), with
 its traceback and one line per rank saying where it was; `run`'s docstring states the whole contract.
-Inside a rank, `rank()`, `world_size()`, `local_rank()`, `backend()` and `device()` describe it. The same
+Inside a rank, `rank()`, `world_size()`, `local_rank()`, `backend()` and `device()` describe it
+(`devices.py`: the device rule, and DISTLAB_DEVICE=cuda, which puts gloo ranks on shared GPUs). The same
 worker code also runs under torchrun on a GPU node, through `under_torchrun`.
 
 How it works, in four steps:
@@ -42,12 +43,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distlab.launch.devices import declared, rank_device, visible_gpus
 from distlab.launch.launcher import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, run
 from distlab.launch.rank_state import RankError
 from distlab.launch.worker import choose_backend, init_rank, resolve_backend
 
 __all__ = ["DEFAULT_DEADLINE", "DEFAULT_TIMEOUT", "RankError", "backend", "choose_backend", "device",
-           "local_rank", "rank", "resolve_backend", "run", "under_torchrun", "world_size"]
+           "local_rank", "rank", "rank_device", "resolve_backend", "run", "under_torchrun", "world_size"]
 
 
 def _require_group(what: str) -> None:
@@ -82,8 +84,9 @@ def backend() -> str:
 
 
 def device() -> torch.device:
-    """Where this rank's tensors live: its own GPU on NCCL, the CPU on gloo."""
-    return torch.device("cuda", local_rank()) if backend() == "nccl" else torch.device("cpu")
+    """Where this rank's tensors live: its own GPU on NCCL; on gloo the CPU, or, with the environment
+    variable DISTLAB_DEVICE=cuda, a GPU that several ranks share (`devices.rank_device`)."""
+    return rank_device(backend(), local_rank(), visible_gpus(), declared())
 
 
 def under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",

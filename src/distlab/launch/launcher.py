@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distlab.launch import arguments, cleanup, diagnosis, observe, processes, results, sources
+from distlab.launch.devices import declared, rank_device, visible_gpus
 from distlab.launch.processes import LOADING
 from distlab.launch.rank_state import RankState
 from distlab.launch.worker import RENDEZVOUS_TIMEOUT, resolve_backend
@@ -124,7 +125,8 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     """Run `fn(*args, **kwargs)` on `world_size` ranks and return their results, indexed by rank.
 
     backend: "auto" (NCCL with one GPU per rank if enough CUDA GPUs are visible, else gloo on CPU),
-        "gloo" or "nccl".
+        "gloo" or "nccl". Inside a rank `launch.device()` says where its tensors belong; gloo ranks use
+        the CPU unless the environment says DISTLAB_DEVICE=cuda (ranks share GPUs, `devices.py`).
     timeout: seconds a rank may wait inside one collective or receive (and at start-up, for the others
         to join) before it fails; also the grace period of the other ranks once one rank has returned.
         At least 1 s.
@@ -166,6 +168,7 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "aut
     timeout = arguments.check_timeout(timeout)
     deadline = arguments.check_deadline(deadline)
     chosen = resolve_backend(backend, world_size)
+    rank_device(chosen, world_size - 1, visible_gpus(), declared())  # a bad DISTLAB_DEVICE fails here, named
     try:
         payload = sources.dumps((fn, args, kwargs))
     except Exception as e:

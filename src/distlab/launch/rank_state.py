@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from distlab.launch.sources import TORCH_DIST, Frame, where
 
 _SIGNAL_HINTS = {
-    "SIGKILL": "SIGKILL is usually the out-of-memory killer (see `dmesg`): the rank needed more memory "
-               "than the machine had",
+    "SIGKILL": "SIGKILL cannot be caught, and nothing here says who sent it: a script or a person (kill -9), "
+               "or the out-of-memory killer if the machine ran short of memory (`dmesg` lists its kills)",
     "SIGSEGV": "SIGSEGV is a crash in native code (C++ or CUDA: a bad pointer, mismatched libraries)",
     "SIGABRT": "SIGABRT means native code aborted: a failed C++ check (gloo: a message of the wrong size), "
                "or NCCL's watchdog ending a collective that waited too long",

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.launch import cleanup
+from distlab.launch.devices import declared, rank_device, visible_gpus
 from distlab.launch.sources import TORCH_DIST, Frame, register, rename_cells, where
 
 RENDEZVOUS_TIMEOUT = 300.0  # seconds ranks may take to start and meet (importing torch is slow on 2 cores)
@@ -50,7 +51,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
     """Turn "auto" into "nccl" or "gloo" for this machine (`choose_backend`); check a forced choice."""
     if backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"backend={backend!r} is not known; use 'auto', 'gloo' (CPU) or 'nccl' (GPUs)")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_gpus()
     auto = choose_backend(world_size, gpus, dist.is_nccl_available())
     if backend == "auto":
         return auto
@@ -64,10 +65,12 @@ def resolve_backend(backend: str, world_size: int) -> str:
 
 def init_rank(backend: str, rank: int, world_size: int, local_rank: int, timeout: float,
               store: dist.Store | None = None) -> None:
-    """Join the default process group (NCCL: first pick this rank's GPU; gloo: share the CPU's cores)."""
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:
+    """Join the default process group (NCCL: first pick this rank's GPU; gloo: share the CPU's cores, or
+    with DISTLAB_DEVICE=cuda make the shared GPU this rank's current device)."""
+    dev = rank_device(backend, local_rank, visible_gpus(), declared())
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if backend == "gloo" and "OMP_NUM_THREADS" not in os.environ:
         # Ranks on one CPU share its cores: give each its share so they do not oversubscribe.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     kwargs: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
@@ -204,7 +207,8 @@ def _worker_main(run_dir: str, rank: int) -> None:
         blob = _result_bytes(fn(*args, **kwargs), rank)
         (d / f"rank{rank}.tmp").write_bytes(blob)
         os.replace(d / f"rank{rank}.tmp", d / f"rank{rank}.result")
-        dist.destroy_process_group()
+        if dist.is_initialized():  # the function may have destroyed it itself, as torchrun scripts end
+            dist.destroy_process_group()
     except BaseException as e:  # report everything, including SystemExit
         (d / f"rank{rank}.err.tmp").write_text(json.dumps(describe(e, spec["sources"])))
         os.replace(d / f"rank{rank}.err.tmp", d / f"rank{rank}.error")  # whole, or not at all
@@ -215,6 +219,9 @@ def _worker_main(run_dir: str, rank: int) -> None:
 def _exit(d: Path, rank: int, code: int) -> None:
     """Leave without interpreter teardown (no atexit surprises from libraries in a finished rank)."""
     _record_children(d, rank)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:  # the function may have replaced or closed them (sys.stdout = None): its result still counts
+            stream.flush()  # type: ignore[union-attr]
+        except Exception:
+            pass
     os._exit(code)

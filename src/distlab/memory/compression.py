@@ -170,8 +170,34 @@ def _ddp(method: str, model: nn.Module, rank: int) -> nn.Module:
     else:  # PyTorch's: compress from the second step on (the earliest it allows)
         state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
                                             min_compression_rate=1)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ddp.register_comm_hook(state, torch_powersgd_hook)
     return ddp
+
+
+def torch_powersgd_hook(state: powerSGD_hook.PowerSGDState,
+                        bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+    """PyTorch's PowerSGD hook, also for CPU buckets in a process that sees a GPU.
+
+    Its decompression ends with `torch.cuda.synchronize(device)` whenever CUDA is available, with the
+    bucket's device, which fails for a CPU bucket ("Expected a cuda device, but got: cpu"): gloo ranks
+    on a GPU node. For a CPU bucket that call is replaced, while this bucket's hook runs, by one that
+    skips CPU devices, and the hook's future is waited for, so that its callbacks (which make the call,
+    on the backend's thread) finish inside. A CUDA bucket runs the hook as it is."""
+    if bucket.buffer().device.type == "cuda" or not torch.cuda.is_available():
+        return powerSGD_hook.powerSGD_hook(state, bucket)
+    synchronize = torch.cuda.synchronize
+
+    def cuda_only(device: object = None) -> None:
+        if device is None or torch.device(device).type == "cuda":  # type: ignore[arg-type]
+            synchronize(device)  # type: ignore[arg-type]
+
+    torch.cuda.synchronize = cuda_only  # type: ignore[assignment]
+    try:
+        future = powerSGD_hook.powerSGD_hook(state, bucket)
+        future.wait()
+    finally:
+        torch.cuda.synchronize = synchronize  # type: ignore[assignment]
+    return future
 
 
 def compare_compression(methods: tuple[str, ...] = ("allreduce", "ours", "pytorch"), rank: int = 2,

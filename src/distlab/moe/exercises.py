@@ -223,26 +223,32 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
     """On every rank: run fn(layer, x) -> y on two cases, compare y and the gradients with the reference."""
     import torch.distributed as dist
 
+    from distlab import launch
     from distlab.moe.expert_parallel import ExpertParallelMoE
     from distlab.moe.layer import MoELayer
     from distlab.parity import compare
 
-    r, p = dist.get_rank(), dist.get_world_size()
+    r, p, dev = dist.get_rank(), dist.get_world_size(), launch.device()
     reports = []
     for k, factor, seed in ((1, 1.0, 0), (2, 0.75, 1)):
         sizes = [4 + 3 * q for q in range(p)]
-        torch.manual_seed(seed)
-        ref = MoELayer(6, 12, 2 * p, k, factor).double()
-        g = torch.Generator().manual_seed(seed + 1)
-        x = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
-        w = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
-        x_ref = x.clone().requires_grad_()
-        out = ref(x_ref, group_sizes=sizes)
-        (out.y * w).sum().backward()
+        with torch.device("cpu"):  # the single-process reference, on the CPU wherever the ranks run
+            torch.manual_seed(seed)
+            ref = MoELayer(6, 12, 2 * p, k, factor).double()
+            g = torch.Generator().manual_seed(seed + 1)
+            x = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
+            w = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
+            x_ref = x.clone().requires_grad_()
+            out = ref(x_ref, group_sizes=sizes)
+            (out.y * w).sum().backward()
         a, b = sum(sizes[:r]), sum(sizes[:r + 1])
-        layer = ExpertParallelMoE.from_reference(ref)
-        x_mine = x[a:b].clone().requires_grad_()
-        y = fn(layer, x_mine)
+        # the reference runs on the CPU; the ranks' layer and rows on their device (a GPU under NCCL)
+        with torch.device("cpu"):
+            layer = ExpertParallelMoE.from_reference(ref)
+        layer = layer.to(dev)
+        x_mine = x[a:b].clone().to(dev).requires_grad_()
+        y_dev = fn(layer, x_mine)
+        y = y_dev.cpu() if isinstance(y_dev, torch.Tensor) else y_dev
         problems = []
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (b - a, 6):
             shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
@@ -263,9 +269,9 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
                                 f"{compare(y, out.y[a:b]).worst():.3g} (rows sent to the wrong rank, or "
                                 "results added to the wrong tokens?)")
         else:
-            if y.requires_grad:
-                (y * w[a:b]).sum().backward()
-            if x_mine.grad is None or not compare(x_mine.grad, x_ref.grad[a:b]).passed:
+            if y_dev.requires_grad:
+                (y_dev * w[a:b].to(dev)).sum().backward()
+            if x_mine.grad is None or not compare(x_mine.grad.cpu(), x_ref.grad[a:b]).passed:
                 problems.append(f"rank {r}: the output is right but the gradient of x is "
                                 f"{'missing' if x_mine.grad is None else 'wrong'}: dist.all_to_all_single is "
                                 "not differentiable; send the rows with distlab.moe.all_to_all (or your own "

@@ -11,7 +11,8 @@ complete checkpoint under `--dir`, if there is one, and trains up to `--steps`, 
 `--every` steps. `--kill-at-step S` is the fault: on the first attempt only, rank `--kill-rank` sends
 itself SIGKILL just before step S, as a crashed GPU or a lost node would end it, without a word. The
 torchrun agent sees a worker die, stops the others and starts the whole group again (Elastic Horovod
-and torchrun restart the group rather than the one rank: the survivors' state is mid-collective).
+and torchrun restart the group rather than the one rank: the survivors' state is mid-collective). A
+survivor whose collective fails on the lost peer says so in one line and waits for torchrun to stop it.
 
 The work lost is every step done after the last checkpoint: S - (S // every) * every steps. `--dir` is
 made if it does not exist. Rank 0 appends one JSON line per step to `--dir/losses.jsonl` (torchrun's run
@@ -28,9 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
+import sys
+import time
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -117,7 +122,12 @@ def main(argv: list[str] | None = None) -> None:
             if attempt == 0 and trainer.step == args.kill_at_step and dist.get_rank() == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             step = trainer.step
-            loss = trainer.global_loss(trainer.train_step(*global_batch(cfg, data, step)))
+            try:
+                loss = trainer.global_loss(trainer.train_step(*global_batch(cfg, data, step)))
+            except RuntimeError as lost:
+                if attempt > 0 or args.kill_at_step < 0:
+                    raise
+                _await_restart(lost, step, args.kill_rank)
             losses.append(loss)
             if dist.get_rank() == 0:
                 with log.open("a") as fh:
@@ -136,6 +146,19 @@ def main(argv: list[str] | None = None) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _await_restart(lost: RuntimeError, step: int, kill_rank: int, wait: float = 60.0) -> NoReturn:
+    """A surviving rank's collective failed because the injected fault killed its peer: say so in one
+    line (not gloo's traceback, "Connection reset by peer ... GLHF") and wait for torchrun, which has seen
+    the SIGKILL, to stop this rank and restart the group. If torchrun has not stopped it within `wait`
+    seconds, the failure was something else: raise it."""
+    peer = re.search(r"Connection (reset|closed) by peer", str(lost))
+    why = peer.group(0) if peer else str(lost).splitlines()[0][:120]
+    print(f"rank {dist.get_rank()}: step {step} stopped, a peer is gone ({why}): rank {kill_rank} was "
+          "killed by the injected fault; torchrun restarts the group", file=sys.stderr, flush=True)
+    time.sleep(wait)
+    raise lost
 
 
 def _step_of(path: Path) -> int:
@@ -166,8 +189,9 @@ def describe(run: dict, directory: str | os.PathLike) -> str:
     lines = [f"distlab.parallel3d.restart: {steps} steps done in {run['attempts']} attempt(s); "
              f"final loss {run['losses'][-1]:.4f}" if steps else "distlab.parallel3d.restart: no steps done"]
     if run["killed_at"] is not None:
-        lines.append(f"  attempt 1 died before step {run['killed_at']} (the injected fault; torchrun's "
-                     "'exitcode: -9' above is that SIGKILL) and torchrun restarted the group")
+        lines.append(f"  attempt 1 died before step {run['killed_at']}: the injected fault killed one rank "
+                     "(torchrun's 'exitcode: -9' above), the others lost their peer, and torchrun "
+                     "restarted the group")
     if run["resumed_from"]:
         lines.append(f"  the last attempt resumed from the checkpoint after step {run['resumed_from']}: "
                      f"{run['steps_lost']} step(s) done twice")

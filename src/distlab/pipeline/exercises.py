@@ -129,10 +129,11 @@ def _paper_case(fn: Callable[[int, int], Any], p: int, m: int) -> CaseResult:
 def _run_on_ranks(orders_by_m: dict[int, list[list[Action]]], sizes: list[int], X, y) -> list[Any]:
     import torch.distributed as dist
 
+    from distlab import launch
     from distlab.pipeline.train import pipeline_step
 
-    p = dist.get_world_size()
-    return [pipeline_step(sizes, X, y, add_communication("yours", orders, p, m))
+    p = dist.get_world_size()  # stages on the rank's device (a GPU under NCCL); results come back on the CPU
+    return [pipeline_step(sizes, X, y, add_communication("yours", orders, p, m), device=launch.device())
             for m, orders in orders_by_m.items()]
 
 

@@ -163,7 +163,9 @@ def pipeline_frame(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2, t
     st = timeline_stats(events, p)
     formula = "" if split else f", formula {bubble_fraction(p, m, v):.1%}"
     sends = sum(a.op.startswith("send") for actions in s.actions for a in actions)
-    fig = timeline_figure(events, p, f"{schedule}, p={p}, m={m}, v={v}")
+    chunks = f"v={v}" if schedule in ("interleaved", "zbv") else "one chunk per rank"  # v is interleaved's
+    fig = timeline_figure(events, p, f"{schedule}, p={p}, m={m}, {chunks}, t_b/t_f={tb:g}, "
+                                     f"transfer {tcomm:g} t_f")
     fig.suptitle(f"bubble: simulated {st.mean_bubble:.1%}{formula}; peak stash per rank "
                  f"{list(st.peak_stash)}; messages {sends}", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
@@ -182,8 +184,11 @@ def pipeline_explorer():  # -> ipywidgets.Widget
          "tb": widgets.FloatSlider(value=2, min=0.5, max=4, description="t_b/t_f"),
          "tcomm": widgets.FloatSlider(value=0.0, min=0, max=1, step=0.05, description="t_comm/t_f")}
     rows = [widgets.HBox([w["schedule"], w["p"], w["m"]]), widgets.HBox([w["v"], w["tb"], w["tcomm"]])]
-    return live_explorer("pipeline", pipeline_frame, w,
-                         {"schedule": ["gpipe", "1f1b", "interleaved", "zbh1"], "m": [4, 8]}, rows)
+    # The static version (the book) moves what the lab asks to try: m below and above p, t_b/t_f of 1 and 2,
+    # no transfer time and 0.3 t_f; p = 4 and v = 2 (the interleaved schedule's chunks) are held.
+    grid = {"schedule": ["gpipe", "1f1b", "interleaved", "zbh1"], "m": [2, 8], "tb": [1.0, 2.0],
+            "tcomm": [0.0, 0.3]}
+    return live_explorer("pipeline", pipeline_frame, w, grid, rows)
 
 
 ZERO_BUBBLE_ROWS = (("1f1b", 1), ("zbh1", 1), ("zbv", 2))

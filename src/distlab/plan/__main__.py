@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.cost_model import RECOMPUTE
 from distlab.memory.optimizer_step import FORMS
@@ -29,6 +30,16 @@ from distlab.plan.report import table
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
 PIN = ("dp", "tp", "pp", "cp")
 WHOLE, REAL = at_least(1), at_least(1e-300, float)
+
+
+def gpu_name(text: str) -> str:
+    """--gpu's value as a catalog name: "h200", "NVIDIA H200" and "NVIDIA H100 80GB HBM3" all work; an
+    unknown name is passed on for argparse to refuse with the list of choices."""
+    row = device_names.gpu_for_device(text)
+    if row is not None:
+        return row.name
+    known = {g.lower(): g for g in HBM_GB}
+    return known.get(text.strip().lower(), text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ffn", type=WHOLE, help="the MLP's hidden size; default: 4 x hidden")
     g.add_argument("--gated", action="store_true", help="a gated (SwiGLU) MLP: three h x ffn matrices")
     c = p.add_argument_group("cluster and batch")
-    c.add_argument("--gpu", default="A100", choices=sorted(HBM_GB), help="GPU type (distlab.catalog)")
+    c.add_argument("--gpu", default="A100", type=gpu_name, choices=sorted(HBM_GB),
+                   help="GPU type (distlab.catalog); a device name as torch prints it also works")
     c.add_argument("--nodes", type=WHOLE, default=1, help="servers")
     c.add_argument("--gpus-per-node", type=WHOLE, default=8, help="GPUs per server")
     c.add_argument("--intra-GBps", type=REAL, help="NVLink GB/s per GPU per direction; default: catalog")
@@ -55,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                    "multiple of dp x micro-batch when they do not divide it)")
     c.add_argument("--efficiency", type=REAL, help="fraction of peak FLOP/s the kernels reach; default: the "
                    "GPU's measured value (distlab.plan.efficiency)")
+    c.add_argument("--kernels", choices=("block", "parts"), default="block", help="block: one measured "
+                   "efficiency per GPU type; parts: each part of a step priced where it runs "
+                   "(distlab.plan.kernel_time; H100 only)")
     s = p.add_argument_group("search space (or, with all of --dp --tp --pp --cp, one pinned configuration)")
     for name in PIN:
         s.add_argument(f"--{name}", type=WHOLE, help=f"pin the {name} size")
@@ -95,7 +110,7 @@ def _inputs(a: argparse.Namespace, p: argparse.ArgumentParser
         return run.model_spec(), run.cluster(), run.workload(a.efficiency), run.settings, run
     cluster = ClusterSpec(a.gpu, a.nodes, a.gpus_per_node, a.intra_GBps, a.inter_GBps, a.hbm_gb)
     settings = Settings(usable_memory=a.usable_memory, cp_split=a.cp_split, adam=a.adam)
-    return _model(a, p), cluster, Workload(a.batch, a.efficiency), settings, None
+    return _model(a, p), cluster, Workload(a.batch, a.efficiency, a.kernels), settings, None
 
 
 def _pinned_candidate(a: argparse.Namespace, p: argparse.ArgumentParser) -> Candidate | None:
@@ -133,7 +148,7 @@ def _header(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings
         "cluster": {"gpu": cluster.gpu, "nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
                     "gpus": cluster.gpus, "hbm_bytes": cluster.memory_bytes,
                     "intra_GBps": 1e-9 / cluster.intra.beta, "inter_GBps": 1e-9 / cluster.inter.beta},
-        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu),
+        "batch": workload.batch, "efficiency": workload.eta(cluster.gpu), "kernels": workload.kernels,
         "assumptions": {"overlap": "dp overlaps the backward (FSDP, DDP) unless overlap_dp is false; tp, pp "
                         "and the cp ring's excess over attention are on the critical path",
                         "flops": "Narayanan et al. 2021 eq. (3) for the block's shape; recomputation adds a "

@@ -8,7 +8,10 @@ F = 6 B s (L W + V h) + 12 B s^2 h L, and with context parallelism each of the c
 its s/c queries against all s keys, a (s/c) s b. Recomputation adds one forward of every block (full) or
 of the attention core, 4 B s^2 h L (selective; Korthikanti et al. 2022, sec. 5).
 
-The terms, per GPU, with eta the kernels' efficiency (`distlab.plan.efficiency`) and P the peak:
+The terms, per GPU, with eta the kernels' efficiency and P the peak. eta is one measured constant per GPU
+type (`distlab.plan.efficiency`), or with `Workload(kernels="parts")` the one `distlab.plan.kernel_time`
+gives for the candidate's shapes (each part of a micro-batch priced where it runs), and the compute term
+then also holds Adam's memory-bound step over the GPU's parameters:
 
 - **compute**, **recompute**: F / (N P eta) and the recomputation FLOPs likewise: the work if every GPU
   were busy all the time.
@@ -50,6 +53,7 @@ from distlab.collectives.cost_model import MachineParams
 from distlab.memory import shape
 from distlab.memory.estimator import params_per_gpu
 from distlab.parallel3d.placement import group_crosses_servers
+from distlab.plan import kernel_time
 from distlab.plan.candidates import Candidate, Settings, memory_config
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 
@@ -217,6 +221,24 @@ def _dp_exposed(c: Candidate, grad_bytes: float, m: int, net: MachineParams, sta
     return m * per_pass
 
 
+def kernel_eta(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate, settings: Settings
+               ) -> float:
+    """eta for candidate `c`: the workload's (an explicit efficiency, or the GPU type's measured block), or
+    with `kernels="parts"` the one `kernel_time` prices for this candidate's shapes (b, s/c, 1/t)."""
+    if workload.kernels == "block" or workload.efficiency is not None:
+        return workload.eta(cluster.gpu)
+    rates = kernel_time.fallback_rates(cluster.gpu)
+    return kernel_time.effective_efficiency(model, c.micro_batch, rates, c.tp, c.cp, settings.attention)
+
+
+def optimizer_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
+                   settings: Settings) -> float:
+    """Adam's step over the parameters this GPU updates (its shard with ZeRO >= 1), bytes over HBM."""
+    params = params_per_gpu(memory_config(model, workload, c, settings, cluster.gpus_per_node))
+    shards = c.dp * c.cp if c.zero >= 1 else 1
+    return kernel_time.optimizer_seconds(params / shards, kernel_time.fallback_rates(cluster.gpu))
+
+
 def step_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
               settings: Settings | None = None) -> StepTime:
     """The predicted seconds per step of candidate `c`, term by term (module docstring)."""
@@ -224,9 +246,11 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Can
     n = cluster.gpus
     m = c.microbatches(workload.batch)
     batch = c.dp * c.micro_batch * m  # the global batch rounded down to a multiple of dp x micro-batch
-    rate = cluster.peak_flops * workload.eta(cluster.gpu)
+    rate = cluster.peak_flops * kernel_eta(model, cluster, workload, c, settings)
     f, fr = model_flops(model, batch), recompute_flops(model, batch, c.recompute)
     compute, recompute = f / (n * rate), fr / (n * rate)
+    if workload.kernels == "parts" and workload.efficiency is None:
+        compute += optimizer_time(model, cluster, workload, c, settings)
     stages = _stages(model, cluster, c, rate, settings)
     slow = max(stages, key=lambda st: st.slot)
     pipeline = (m + (c.pp - 1) / c.interleave) * slow.slot

@@ -20,11 +20,12 @@ Then, with P the catalog's dense 16-bit peak and W the block's matrix weights (1
 
     eta = 3 b s (2 W + 4 s h) / t / (P (t_forward + t_backward - t_tp))
 
-which gives 0.57 for the A100 and 0.52 for the H100 (`EFFICIENCY`). The V100 has neither a published nor
-a measured block and carries the A100's value, marked `carried`; `python -m distlab.plan --efficiency X`
-overrides any of them. The same gpu-check also timed Llama 3 405B's block (GQA, SwiGLU, s = 8192, b = 1,
-t = 8; `SHAPE_STUDY`): 0.65 on the H100, because its larger matrix multiplies run closer to peak. One
-constant per GPU type cannot see that; chapter 9 shows what each choice predicts.
+which gives 0.57 for the A100 and 0.52 for the H100 (`EFFICIENCY`). The V100 has neither a published nor a
+measured block and carries the A100's value, marked `carried`; the H200 (the H100's chip with more memory),
+B200 and GB200 carry the H100's the same way until a gpu-check report times a block on them. `python -m
+distlab.plan --efficiency X` overrides any of them. The same gpu-check also timed Llama 3 405B's block (GQA,
+SwiGLU, s = 8192, b = 1, t = 8; `SHAPE_STUDY`): 0.65 on the H100, because its larger matrix multiplies run
+closer to peak. One constant per GPU type cannot see that; chapter 9 shows what each choice predicts.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def _table() -> dict[str, Efficiency]:
     a100 = out["A100"]
     out["V100"] = Efficiency("V100", a100.eta, a100.source, f"the A100's value ({a100.where}), carried",
                              carried=True)
+    h100 = out["H100"]
+    for gpu in ("H200", "B200", "GB200"):  # no block timed on them yet: --efficiency overrides
+        out[gpu] = Efficiency(gpu, h100.eta, h100.source, f"the H100's value ({h100.where}), carried",
+                              carried=True)
     return out
 
 

@@ -30,6 +30,9 @@ HBM_GB = {
     "V100": (32.0, "nvidia2017v100", "the 32 GB SXM2 part"),
     "A100": (80.0, "nvidia2021a100", "the 80 GB SXM4 part (a 40 GB part exists too)"),
     "H100": (80.0, "nvidia2023h100", "SXM5, 80 GB HBM3"),
+    # The newer GPUs: the catalog's row is the part the planner models (its memory_GB, with its source).
+    **{g: (catalog.lookup("gpu", g).memory_GB, catalog.lookup("gpu", g).source, "the catalog's row")
+       for g in ("H200", "B200", "GB200")},
 }
 
 
@@ -196,15 +199,23 @@ class ClusterSpec:
         return MachineParams(self.latencies.network, 1e-9 / gbps)
 
 
+KERNEL_MODELS = ("block", "parts")
+
+
 @dataclass(frozen=True)
 class Workload:
     """The global batch in sequences, and eta, the fraction of peak FLOP/s the block's kernels reach (None:
-    the GPU type's measured value, `distlab.plan.efficiency.EFFICIENCY`)."""
+    the GPU type's measured value, `distlab.plan.efficiency.EFFICIENCY`). `kernels="parts"` prices each
+    part of a step where it runs instead (`distlab.plan.kernel_time`: GEMMs by their size, attention by
+    its kernel, memory-bound work and the optimizer step by bytes); an explicit `efficiency` overrides it."""
 
     batch: int
     efficiency: float | None = None
+    kernels: str = "block"  # "block": one eta per GPU type; "parts": `plan.kernel_time` prices each part
 
     def __post_init__(self) -> None:
+        if self.kernels not in KERNEL_MODELS:
+            raise ValueError(f"kernels={self.kernels!r} is unknown; choose one of {', '.join(KERNEL_MODELS)}")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"batch={self.batch!r} must be a positive integer number of sequences, e.g. 512")
         limits.check_int("batch", self.batch, 1)

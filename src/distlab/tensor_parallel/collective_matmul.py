@@ -55,6 +55,37 @@ def _wait(works: list[dist.Work]) -> None:
             w.wait()
 
 
+def _check_dim(x: Tensor, dim: int, where: str) -> int:
+    """`dim` as a non-negative index of a sequence dimension of x; a ValueError for the contraction
+    dimension (x's last, which the matmul sums over: cutting it would sum partial products nobody adds)."""
+    name = where or "collective matmul"
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{name}: dim={dim} is out of range for x of shape {tuple(x.shape)}; pass the "
+                         "sequence dimension (dim=1 for a (batch, seq, hidden) activation)")
+    if dim % x.dim() == x.dim() - 1:
+        raise ValueError(f"{name}: dim={dim} is x's last dimension, the one the matmul contracts with rhs; "
+                         "the ring splits a dimension the product keeps: pass the sequence dimension (dim=1 "
+                         "for a (batch, seq, hidden) activation)")
+    return dim % x.dim()
+
+
+def _check_same_shape(x: Tensor, group: Group, where: str, what: str) -> None:
+    """Every rank of the group holds an x of the same shape (the ring receives into a buffer shaped like
+    the sender's tensor; a mismatch would abort the process inside the backend). One all-reduce of a few
+    integers; the same ValueError on every rank."""
+    dims = [x.dim(), *x.shape][:9]
+    mine = torch.tensor(dims + [0] * (9 - len(dims)), dtype=torch.int64)
+    both = torch.cat([mine, -mine])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    high, low = both[:9], -both[9:]
+    if not (torch.equal(high, mine) and torch.equal(low, mine)):
+        n = int(high[0])
+        lo, hi = tuple(low[1:1 + n].tolist()), tuple(high[1:1 + n].tolist())
+        raise ValueError(f"{where or 'collective matmul'}: the ranks' {what} differ in shape (per dimension "
+                         f"from {lo} to {hi}); the ring moves equal shards: give every rank an equal slice "
+                         "(pad the sequence to a multiple of the group size)")
+
+
 def all_gather_matmul(x: Tensor, rhs: Tensor, group: Group = None, where: str = "",
                       dim: int = 1) -> tuple[Tensor, Tensor]:
     """(all_gather(x, dim) @ rhs, all_gather(x, dim)) with the gather decomposed into p - 1 ring steps,
@@ -63,9 +94,11 @@ def all_gather_matmul(x: Tensor, rhs: Tensor, group: Group = None, where: str = 
     x: this rank's shard of the sequence (dim `dim`); rhs: (k, n). Returns the product, the shards in
     group-rank order along `dim`, and the gathered input (a weight gradient needs it)."""
     p = group_size(group)
+    dim = _check_dim(x, dim, where)
     cur = x.contiguous()
     if p == 1 or not dist.is_initialized():
         return torch.matmul(cur, rhs), cur
+    _check_same_shape(cur, group, where, "shards")
     r = group_rank(group)
     outs: list[Tensor] = [cur] * p
     shards: list[Tensor] = [cur] * p
@@ -90,9 +123,11 @@ def matmul_reduce_scatter(x: Tensor, rhs: Tensor, group: Group = None, where: st
     next chunk (Wang et al. 2023, Einsum-ReduceScatter). x: the whole sequence (its length along `dim`
     divisible by p), holding this rank's partial-sum inputs; rhs: (k, n)."""
     p = group_size(group)
+    dim = _check_dim(x, dim, where)
     _check_splits(x, dim, p, where)
     if p == 1 or not dist.is_initialized():
         return torch.matmul(x, rhs)
+    _check_same_shape(x, group, where, "inputs")
     r = group_rank(group)
     chunks = x.chunk(p, dim=dim)
     acc = torch.matmul(chunks[(r - 1) % p], rhs).contiguous()  # the chunk whose sum ends at rank r - 1

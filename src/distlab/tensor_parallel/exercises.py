@@ -34,13 +34,14 @@ def _close(a: Any, b: Tensor) -> bool:
     return isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a.double(), b, atol=1e-10)
 
 
-def _data(rank: int, p: int) -> dict[str, Tensor]:
+def _data(rank: int, p: int, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+    """The check's tensors, drawn on the CPU (the same on every machine) and moved to `device`."""
     gen = torch.Generator().manual_seed(5)
-    d = {k: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    d = {k: torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu")
          for k, shape in (("x", (BATCH, HIDDEN)), ("w", (HIDDEN, HIDDEN)), ("b", (HIDDEN,)),
                           ("dy", (BATCH, HIDDEN)))}
-    d["own"] = torch.randn(p, BATCH, HIDDEN, generator=gen, dtype=torch.float64)  # one tensor per rank
-    return d
+    d["own"] = torch.randn(p, BATCH, HIDDEN, generator=gen, dtype=torch.float64, device="cpu")  # one per rank
+    return {k: v.to(device) for k, v in d.items()}
 
 
 def _check_shard(shard: Callable, d: dict[str, Tensor], rank: int, p: int) -> list[str]:
@@ -159,8 +160,10 @@ def _row_gradient_problems(grads: tuple[tuple[str, Tensor, Tensor], ...], p: int
 
 def run_checks(f: Callable, g: Callable, shard: Callable, row_linear: Callable) -> list[str]:
     """On one rank: every problem found with the four pieces, [] when all are right."""
+    from distlab import launch
+
     rank, p = dist.get_rank(), dist.get_world_size()
-    d = _data(rank, p)
+    d = _data(rank, p, launch.device())  # on the rank's device: its GPU under NCCL
     problems = []
     for name, check, fn in (("shard", _check_shard, shard), ("g", _check_g, g), ("f", _check_f, f),
                             ("row_linear", _check_row_linear, row_linear)):

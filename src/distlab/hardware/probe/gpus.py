@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from distlab import catalog
+from distlab import device_names
 
 SmiRunner = Callable[[Sequence[str]], "str | None"]
 NO_GPU_PROBE = "No NVIDIA GPU found (no NVML, no nvidia-smi, no NVIDIA PCIe device): GPU probes skipped."
@@ -136,8 +136,7 @@ def smi_gpus(smi: SmiRunner, nvlink_status: str | None) -> tuple[list[GPUInfo], 
 
 
 def gpu_model(name: str) -> str | None:
-    """Catalog GPU for a device name ("NVIDIA A100-SXM4-80GB" -> "A100"); None when the catalog has none."""
-    for row in catalog.TABLES["gpu"]:
-        if re.search(rf"\b{row.name}\b", name, re.IGNORECASE):
-            return row.name
-    return None
+    """Catalog GPU for a device name ("NVIDIA A100-SXM4-80GB" -> "A100", "NVIDIA H200" -> "H200"); None when
+    the catalog has none (`distlab.device_names.gpu_for_device`, which says how names are matched)."""
+    row = device_names.gpu_for_device(name)
+    return None if row is None else row.name

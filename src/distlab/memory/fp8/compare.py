@@ -83,7 +83,7 @@ def _compare(steps: int, batch: int, n_embd: int, seed: int, lr: float) -> list[
             v.load_state_dict(model.state_dict())
             for m in v.modules():  # count the compared step's casts only
                 for s in getattr(m, "stats", {}).values():
-                    s.update(overflow=0, underflow=0, numel=0)
+                    s.update(overflow=0, underflow=0, nonfinite=0, numel=0)
         loss, grads = _step(model, x, y)
         for name, v in variants.items():
             if not last and name != "tensorwise, delayed":

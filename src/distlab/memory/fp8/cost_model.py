@@ -16,30 +16,43 @@ memory-bound; with delayed scaling, 3. So
 and FP8 pays when t_fp8 < t_gemm(2). Small matmuls are memory-bound in both precisions, and there the
 casts make FP8 *slower*; large ones approach the 2x of the peak ratio. (In a training step each operand is
 cast once per matmul it enters; the model counts the forward GEMM's two operands.) The peaks are data with
-their source: BF16 from `distlab.catalog`, FP8 from `FP8_DENSE_TFLOPS` here.
+their source: BF16 from `distlab.catalog` (the H200's from `distlab.kernel_rates.SPECS`), FP8 from
+`FP8_DENSE_TFLOPS` here.
+
+That roofline (`model="roofline"`) is the best case, and measured on an H200 it was 3-4x off: it put the
+break-even near d = 2,050, where FP8 ran at 0.18x of bf16, and FP8 paid only from d = 8,192 (issue 35).
+Real GEMMs reach a fraction of the peak that depends on their size, and a cast reaches a fraction of the
+HBM bandwidth plus a fixed cost. `model="measured"` (the default) therefore prices each piece with
+`distlab.kernel_rates`: each GEMM at its `GemmCurve` (bf16 and FP8 each), never faster than the roofline's
+memory side, and each cast at its `CastCost`, measured by `make gpu-check` or the stated fallback.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from distlab import catalog
+from distlab import kernel_rates
+from distlab.kernel_rates import KernelRates
 
 # Peak dense FP8 Tensor Core TFLOP/s, no sparsity (the sparse figure is twice this). H100 SXM5: NVIDIA
 # H100 Tensor Core GPU Architecture whitepaper (nvidia2022hopper), Table 2: 1,978.9 dense FP8 (3,957.8
 # with sparsity); the datasheet (nvidia2023h100) prints "3,958 teraFLOPS*" with "* with sparsity".
-FP8_DENSE_TFLOPS = {"H100": (1978.9, "nvidia2022hopper")}
+FP8_DENSE_TFLOPS = {"H100": (1978.9, "nvidia2022hopper"), "H200": (1979.0, "nvidia2024h200")}
 
 # Bytes per value of a cast: read the bf16 value (twice with current scaling: amax, then scale), write 1.
 CAST_BYTES = {"current": 5, "delayed": 3}
 
 
 def _gpu(gpu: str) -> tuple[float, float, float]:
+    """Peak bf16 and FP8 FLOP/s and HBM bytes/s (`distlab.kernel_rates.SPECS`: the catalog's H100, and
+    the H200)."""
     if gpu not in FP8_DENSE_TFLOPS:
         raise ValueError(f"gpu={gpu!r} has no FP8 peak in FP8_DENSE_TFLOPS; choose one of "
                          f"{', '.join(FP8_DENSE_TFLOPS)} (earlier GPUs have no FP8 Tensor Cores)")
-    row = catalog.lookup("gpu", gpu)
-    return row.dense_16bit_tflops * 1e12, FP8_DENSE_TFLOPS[gpu][0] * 1e12, row.memory_GBps * 1e9
+    p16, p8, w, _ = kernel_rates.SPECS[gpu]
+    return p16, p8, w
 
 
 def gemm_time(m: float, k: float, n: float, value_bytes: float, flops_per_s: float, bytes_per_s: float
@@ -48,31 +61,49 @@ def gemm_time(m: float, k: float, n: float, value_bytes: float, flops_per_s: flo
     return max(2 * m * k * n / flops_per_s, (value_bytes * (m * k + k * n) + 2 * m * n) / bytes_per_s)
 
 
-def linear_times(m: float, k: float, n: float, gpu: str = "H100", scaling: str = "current"
-                 ) -> dict[str, float]:
-    """Seconds of the matmul in bf16, and in FP8 with the cast of both operands (module docstring)."""
+MODELS = ("measured", "roofline")
+
+
+def _check(m: float, k: float, n: float, scaling: str, model: str) -> None:
     if scaling not in CAST_BYTES:
         raise ValueError(f"scaling={scaling!r} is unknown; choose one of {', '.join(CAST_BYTES)}")
+    if model not in MODELS:
+        raise ValueError(f"model={model!r} is unknown; choose one of {', '.join(MODELS)}")
     for name, v in (("m", m), ("k", k), ("n", n)):
         if not v >= 1:
             raise ValueError(f"{name}={v} must be at least 1 (a matrix dimension)")
+
+
+def linear_times(m: float, k: float, n: float, gpu: str = "H100", scaling: str = "current",
+                 model: str = "measured", rates: KernelRates | None = None) -> dict[str, float]:
+    """Seconds of the matmul in bf16, and in FP8 with the cast of both operands (module docstring):
+    `model="roofline"` from the peaks, `"measured"` from `rates` (None: `kernel_rates.fallback(gpu)`)."""
+    _check(m, k, n, scaling, model)
     p16, p8, w = _gpu(gpu)
-    cast = CAST_BYTES[scaling] * (m * k + k * n) / w
-    return {"bf16": gemm_time(m, k, n, 2, p16, w), "fp8 gemm": gemm_time(m, k, n, 1, p8, w), "cast": cast,
-            "fp8": gemm_time(m, k, n, 1, p8, w) + cast}
+    if model == "roofline":
+        cast = CAST_BYTES[scaling] * (m * k + k * n) / w
+        bf16, fp8 = gemm_time(m, k, n, 2, p16, w), gemm_time(m, k, n, 1, p8, w)
+    else:
+        r = rates or kernel_rates.fallback(gpu)
+        cast = r.cast.seconds(m * k, CAST_BYTES[scaling]) + r.cast.seconds(k * n, CAST_BYTES[scaling])
+        bf16 = max(r.bf16.seconds(m, n, k), gemm_time(m, k, n, 2, math.inf, w))
+        fp8 = max(r.fp8.seconds(m, n, k), gemm_time(m, k, n, 1, math.inf, w))
+    return {"bf16": bf16, "fp8 gemm": fp8, "cast": cast, "fp8": fp8 + cast}
 
 
-def speedup(m: float, k: float, n: float, gpu: str = "H100", scaling: str = "current") -> float:
+def speedup(m: float, k: float, n: float, gpu: str = "H100", scaling: str = "current",
+            model: str = "measured", rates: KernelRates | None = None) -> float:
     """t_bf16 / t_fp8: above 1 FP8 pays, below 1 the casts cost more than the faster GEMM saves."""
-    t = linear_times(m, k, n, gpu, scaling)
+    t = linear_times(m, k, n, gpu, scaling, model, rates)
     return t["bf16"] / t["fp8"]
 
 
-def break_even(gpu: str = "H100", scaling: str = "current", tokens: float | None = None) -> float:
+def break_even(gpu: str = "H100", scaling: str = "current", tokens: float | None = None,
+               model: str = "measured", rates: KernelRates | None = None) -> float:
     """The smallest square size d (m = k = n = d, or m = `tokens` and k = n = d) at which FP8 pays,
     found on a grid of powers of two to 2^20 and refined by bisection."""
     def f(d: float) -> float:
-        return speedup(tokens or d, d, d, gpu, scaling) - 1
+        return speedup(tokens or d, d, d, gpu, scaling, model, rates) - 1
     grid = 2.0 ** np.arange(0, 21)
     above = [d for d in grid if f(d) > 0]
     if not above:

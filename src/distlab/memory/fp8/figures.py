@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from distlab import style
+from distlab import kernel_rates, style
 from distlab.memory.fp8 import cost_model
 from distlab.memory.fp8.formats import E4M3, E5M2
 
@@ -19,9 +19,10 @@ def speedup_figure(gpu: str = "H100", tokens: int = 8192) -> Figure:
     d = 2.0 ** np.arange(6, 16.01, 0.25)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for scaling, colour in (("current", style.BLUE), ("delayed", style.ORANGE)):
-        ax.plot(d, [cost_model.speedup(x, x, x, gpu, scaling) for x in d], color=colour,
+        ax.plot(d, [cost_model.speedup(x, x, x, gpu, scaling, "roofline") for x in d], color=colour,
                 label=f"d x d x d, {scaling} scaling")
-        ax.plot(d, [cost_model.speedup(tokens, x, x, gpu, scaling) for x in d], color=colour, ls="--",
+        ax.plot(d, [cost_model.speedup(tokens, x, x, gpu, scaling, "roofline") for x in d], color=colour,
+                ls="--",
                 label=f"{tokens} tokens x d x d, {scaling} scaling")
     ax.axhline(1, color=style.VERMILION, lw=1)
     ax.text(d[0], 1.04, "FP8 pays above this line", fontsize=8, color=style.VERMILION)
@@ -29,6 +30,33 @@ def speedup_figure(gpu: str = "H100", tokens: int = 8192) -> Figure:
     ax.set_xlabel("matrix size d")
     ax.set_ylabel("predicted speedup of FP8 over bf16")
     ax.set_title(f"When FP8 pays on an {gpu}: a roofline with the cast of both operands")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    style.done(fig)
+    plt.close(fig)
+    return fig
+
+
+def measured_speedup_figure(gpu: str = "H200") -> Figure:
+    """FP8-over-bf16 speed-up of a d x d x d product with both casts against d: what this course's code
+    measured on an H200 (`kernel_rates.H200_FP8_SPEEDUP`, issue 35), chapter 7's roofline from the peaks,
+    and the model with measured GEMM efficiency and cast cost (`cost_model`, model="measured"), each
+    model's break-even marked."""
+    d = 2.0 ** np.arange(9, 15.01, 0.125)
+    measured = np.array(kernel_rates.H200_FP8_SPEEDUP)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for model, colour, label in (("roofline", style.ORANGE, "roofline from the peaks"),
+                                 ("measured", style.BLUE, "measured GEMM efficiency and cast cost")):
+        ax.plot(d, [cost_model.speedup(x, x, x, gpu, model=model) for x in d], color=colour,
+                label=f"predicted: {label}")
+        even = cost_model.break_even(gpu, model=model)
+        ax.axvline(even, color=colour, lw=0.8, ls=":")
+        ax.text(even * 1.04, 0.05, f"{even:,.0f}", color=colour, fontsize=8)
+    ax.scatter(measured[:, 0], measured[:, 1], color="#000000", zorder=3, label=f"measured on one {gpu}")
+    ax.axhline(1, color=style.VERMILION, lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("matrix size d (d x d x d, both casts included)")
+    ax.set_ylabel("FP8 speed-up over bf16")
+    ax.set_title(f"FP8 on an {gpu}: predicted beside measured")
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     style.done(fig)
     plt.close(fig)

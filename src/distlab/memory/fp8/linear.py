@@ -14,7 +14,7 @@ is added in the high precision. `save_fp8` keeps the forward's FP8 copy of x for
 itself (DeepSeek-V3, arXiv:2412.19437, sec. 3.3.3: the cached inputs of the linear layers in FP8), half the
 saved bytes of a 16-bit x; for a granularity other than tensorwise, dW then re-quantises that copy along
 the tokens (DeepSeek-V3's 1 x 128 to 128 x 1 tiles). Each layer counts, per operand role, the values each
-cast saturated (overflow) and flushed to zero (underflow) in `stats`.
+cast saturated (overflow), flushed to zero (underflow) and received as inf or NaN (nonfinite) in `stats`.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class _Cast:
         s = self.layer.stats[role]
         s["overflow"] += q.overflow
         s["underflow"] += q.underflow
+        s["nonfinite"] += q.nonfinite
         s["numel"] += x.numel()
         return q
 
@@ -130,7 +131,7 @@ class Fp8Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.recipe = recipe or Fp8Recipe()
         self.fp8_name = name
-        self.stats = {role: {"overflow": 0, "underflow": 0, "numel": 0} for role in ROLES}
+        self.stats = {role: {"overflow": 0, "underflow": 0, "nonfinite": 0, "numel": 0} for role in ROLES}
 
     def forward(self, x: Tensor) -> Tensor:
         y = _Fp8Matmul.apply(x, self.weight, _Cast(self))
@@ -159,8 +160,9 @@ def convert_to_fp8(model: nn.Module, recipe: Fp8Recipe, skip: tuple[str, ...] = 
 
 
 def fp8_stats(model: nn.Module) -> dict[str, dict[str, int]]:
-    """Overflow, underflow and cast counts per operand role, summed over every Fp8Linear of `model`."""
-    total = {role: {"overflow": 0, "underflow": 0, "numel": 0} for role in ROLES}
+    """Overflow, underflow, non-finite input and cast counts per operand role, summed over every Fp8Linear
+    of `model`."""
+    total = {role: {"overflow": 0, "underflow": 0, "nonfinite": 0, "numel": 0} for role in ROLES}
     for m in model.modules():
         if isinstance(m, Fp8Linear):
             for role in ROLES:

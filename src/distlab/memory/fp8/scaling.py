@@ -17,7 +17,18 @@ The scale itself is *current* (computed from this tensor's amax now, one extra p
 maximum, so the cast needs no pass of its own (Micikevicius et al. 2022, sec. 4.3; NVIDIA Transformer
 Engine's amax history). A delayed scale is stale: when this step's amax exceeds the history's, values
 above max_fp8 / s saturate, an *overflow*. Values that round to zero are *underflows*. `quantize` counts
-both.
+both, and the *non-finite* inputs (inf, NaN) apart.
+
+Non-finite inputs (one inf in an activation, a NaN gradient) must not take the scale with them. Current
+scaling takes its amax over the finite values only: the finite ones are cast as well as ever, an inf
+saturates at +-max (one overflow, one non-finite) and a NaN stays NaN. Delayed scaling keeps the last good
+scale: a non-finite amax never enters the history, and if the amax a scale would come from is not finite
+(a tensor's first cast, with no history) the scale used before is kept (1 before any), which is Transformer
+Engine's rule for delayed scaling (`_default_sf_compute` in transformer_engine/pytorch/fp8.py keeps the
+previous scale when the amax is 0, inf or NaN). TE records the non-finite amax in its history, so its
+scale stays frozen for `amax_history_len` steps; leaving it out lets the scale follow the finite
+amaxes again from the next step. Without either rule, s = max_fp8 / inf = 0 and every later cast of the
+tensor reads back 0 / 0 = NaN for `history` steps, though its inputs are finite.
 """
 
 from __future__ import annotations
@@ -72,6 +83,12 @@ def block_amax(x: Tensor, block: Block) -> Tensor:
     return a.view(nr, br, nc, bc).amax(dim=(1, 3))
 
 
+def finite_amax(x: Tensor, block: Block) -> Tensor:
+    """`block_amax` over the finite values only (inf and NaN read as 0): what current scaling scales by."""
+    a = x.detach().float()
+    return block_amax(torch.where(torch.isfinite(a), a, torch.zeros_like(a)), block)
+
+
 def amax_to_scale(amax: Tensor, fmt: Fp8Format, power_of_2: bool = False) -> Tensor:
     """s = max_fp8 / amax, computed in float64 and rounded to float32 (as torchao's `amax_to_scale`);
     `power_of_2` rounds s down to a power of two, so that x * s and q / s are exact."""
@@ -87,13 +104,15 @@ def _expand(s: Tensor, x: Tensor, block: Block) -> Tensor:
 @dataclass
 class Quantized:
     """An FP8 tensor: `data` (the FP8 bits), its `scale` per block of shape `block`, and what the cast lost:
-    `overflow` (values saturated at the format's max) and `underflow` (nonzero values rounded to 0)."""
+    `overflow` (values saturated at the format's max, an inf among them) and `underflow` (nonzero values
+    rounded to 0); `nonfinite` counts the inputs that were inf or NaN."""
 
     data: Tensor
     scale: Tensor
     block: Block
     overflow: int
     underflow: int
+    nonfinite: int = 0
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """q / s in float32 (a division, as torchao's emulation does), then cast to `dtype`."""
@@ -108,14 +127,15 @@ class Quantized:
 def quantize(x: Tensor, fmt: Fp8Format | str, block: Block = (None, None), scale: Tensor | None = None,
              power_of_2: bool = False) -> Quantized:
     """Cast the 2-D tensor x to FP8 with one scale per `block`: the given `scale` (delayed scaling) or
-    max_fp8 / amax of each block now (current scaling). Saturates at +-max (torchao's `to_fp8_saturated`)."""
+    max_fp8 / amax of each block's finite values now (current scaling). Saturates at +-max (torchao's
+    `to_fp8_saturated`): an inf input becomes +-max and counts as an overflow; a NaN stays NaN."""
     fmt = fmt if isinstance(fmt, Fp8Format) else fp8_format(fmt)
-    s = amax_to_scale(block_amax(x, block), fmt, power_of_2) if scale is None else scale.float()
+    s = amax_to_scale(finite_amax(x, block), fmt, power_of_2) if scale is None else scale.float()
     scaled = x.float() * _expand(s, x, block)
     over = int((scaled.abs() >= fmt.max + fmt.step_at(fmt.max) / 2).sum())  # would round above max
     q = scaled.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype)
     under = int(((q.float() == 0) & (x != 0)).sum())
-    return Quantized(q, s, block, over, under)
+    return Quantized(q, s, block, over, under, int((~torch.isfinite(x)).sum()))
 
 
 def fake_quantize(x: Tensor, fmt: Fp8Format | str, block: Block = (None, None), power_of_2: bool = False
@@ -129,11 +149,13 @@ def fake_quantize(x: Tensor, fmt: Fp8Format | str, block: Block = (None, None), 
 class DelayedScaling:
     """Per-tensor delayed scaling: each named tensor's scale comes from the largest amax of its last
     `history` casts (Micikevicius et al. 2022, sec. 4.3), and `margin` powers of two of headroom. The first
-    cast of a tensor, with no history yet, uses its current amax."""
+    cast of a tensor, with no history yet, uses its current amax. A non-finite amax is left out of the
+    history, and a scale that would come from one is replaced by the last good scale (module docstring)."""
 
     history: int = 16
     margin: int = 0
     amax_history: dict[str, deque] = field(default_factory=dict)
+    last_scale: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
@@ -144,5 +166,9 @@ class DelayedScaling:
         now = block_amax(x, (None, None))
         past = self.amax_history.setdefault(name, deque(maxlen=self.history))
         amax = torch.stack(list(past)).amax(0) if past else now
-        past.append(now)
-        return amax_to_scale(amax, fmt) / 2.0**self.margin
+        if bool(torch.isfinite(now).all()):
+            past.append(now)
+        if not bool(torch.isfinite(amax).all()):
+            return self.last_scale.get(name, torch.ones_like(amax))
+        self.last_scale[name] = amax_to_scale(amax, fmt) / 2.0**self.margin
+        return self.last_scale[name]

@@ -42,7 +42,7 @@ from distlab.memory.zero.flat import AdamConfig, FlatUnit
 from distlab.memory.zero.stage3 import ParameterGather
 from distlab.memory.zero.uneven import CONTROL, agree_on_usage
 from distlab.memory.zero.units import build_unit, default_units, unit_layouts
-from distlab.memory.zero.validate import STAGES, check_group, check_stage, dp_group
+from distlab.memory.zero.validate import STAGES, check_group, check_stage, densify_grad, dp_group
 
 __all__ = ["CONTROL", "STAGES", "ZeRO", "check_group", "check_stage", "default_units", "dp_group"]
 
@@ -105,6 +105,7 @@ class ZeRO:
     # -- the backward: gradients into flat buffers, reduce-scattered per unit in stages 2 and 3
     def _grad_hook(self, i: int, j: int) -> Callable[[Tensor], None]:
         def hook(p: Tensor) -> None:
+            densify_grad(p)  # nn.Embedding(sparse=True): the same values, in dense rows
             unit = self.units[i]
             if unit.grad_full is None:
                 unit.grad_full = torch.zeros_like(unit.flat, memory_format=torch.contiguous_format)

@@ -35,23 +35,23 @@ def zero2_reduce_scatter(flat_grad: Tensor, group: dist.ProcessGroup | None = No
     """The reference: this rank's shard of `flat_grad` averaged over `group` (padded, reduce-scattered)."""
     n = dist.get_world_size(group)
     shard = math.ceil(flat_grad.numel() / n)
-    padded = torch.zeros(shard * n, dtype=flat_grad.dtype)
+    padded = torch.zeros(shard * n, dtype=flat_grad.dtype, device=flat_grad.device)
     padded[:flat_grad.numel()] = flat_grad
-    out = torch.empty(shard, dtype=flat_grad.dtype)
+    out = torch.empty(shard, dtype=flat_grad.dtype, device=flat_grad.device)
     reduce_scatter_single(out, padded, group=group)
     return out / n
 
 
-def _gradient(group_rank: int) -> Tensor:
-    """Group-rank g's gradient: distinct on every rank and at every position, exact in fp32."""
-    return torch.arange(NUMEL, dtype=torch.float32) * (group_rank + 1) + 0.5 * group_rank
+def _gradient(group_rank: int, device: torch.device | str = "cpu") -> Tensor:
+    """Group-rank g's gradient on `device`: distinct on every rank and at every position, exact in fp32."""
+    return torch.arange(NUMEL, dtype=torch.float32, device=device) * (group_rank + 1) + 0.5 * group_rank
 
 
 def _expected(n: int) -> tuple[Tensor, Tensor]:
     """The average over n ranks, padded to a multiple of n, and its shards as rows (n, shard)."""
     total = sum(_gradient(g) for g in range(n)) / n
     shard = math.ceil(NUMEL / n)
-    padded = torch.zeros(shard * n)
+    padded = torch.zeros(shard * n, device="cpu")  # the expected values, compared on the CPU
     padded[:NUMEL] = total
     return padded, padded.view(n, shard)
 
@@ -82,7 +82,7 @@ def _value_problem(out: Tensor, n: int, r: int) -> list[str]:
         if torch.equal(out, shards[j]):
             hint = " (the global rank: use dist.get_rank(group))" if j == global_rank % n else ""
             return [f"group-rank {r} returned shard {j}{hint}; rank i of the group owns shard i"]
-    mine = torch.zeros(shards.numel())
+    mine = torch.zeros(shards.numel(), device="cpu")
     mine[:NUMEL] = _gradient(r)
     if torch.equal(out, mine.view(n, -1)[r]) or torch.equal(out, mine.view(n, -1)[r] / n):
         return ["the values are this rank's own gradient: reduce over the group before keeping the shard"]
@@ -95,12 +95,12 @@ def _run_case(fn: Callable[[Tensor, dist.ProcessGroup | None], Tensor], group: d
     r = dist.get_rank(group)
     with comm_log() as log:  # sees every collective fn calls, however it calls it
         try:
-            out = fn(_gradient(r).clone(), group)
+            out = fn(_gradient(r, launch.device()), group)  # on the rank's device: its GPU under NCCL
         except Exception as e:  # the student's error, reported as a line of the check
             return [NOT_WRITTEN if is_stub(e) else f"raised {type(e).__name__}: {e}"]
     if not isinstance(out, Tensor):
         return [f"returned {type(out).__name__}, not a Tensor"]
-    out = out.detach().reshape(-1).float()
+    out = out.detach().reshape(-1).float().cpu()
     lines = _shape_problem(out, n, r) or _value_problem(out, n, r)
     if not lines and log.calls(op="all_reduce") and n > 1:
         lines = ["the values are right, but an all-reduce sends 2 (N-1)/N of the gradient per rank where a "

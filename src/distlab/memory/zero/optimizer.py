@@ -19,12 +19,19 @@ Parameter groups (their own lr, weight_decay, ...) are kept: slice groups mirror
 (SGD, Adam, AdamW, RMSprop, Adagrad...) give the same result on slices (rows of dim 0, `buckets`) as on
 whole tensors; one that reads a tensor's shape (Adafactor) does not, and is
 refused.
+
+The rest of a torch optimizer's interface, as `ZeroRedundancyOptimizer` offers it: `step(closure)` runs
+the closure once, first, and returns its loss; `step(**kwargs)` reaches the inner optimizer; keys travel
+between the user's groups and the inner ones both ways; `add_param_group` works after construction (a
+collective, between steps). A sparse gradient is made dense (`validate.densify_grad`); a sparse parameter
+is refused by name. Where stage 2 is involved, one ShardedOptimizer reduces a parameter's gradient, the
+newest (`reduce.GradientReducer`): stepping an older one is an error.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -36,7 +43,7 @@ from distlab.memory.zero.buckets import Bucket, make_buckets
 from distlab.memory.zero.clip import clip_sharded_grads_
 from distlab.memory.zero.reduce import GradientReducer
 from distlab.memory.zero.state_dict import full_state, load_full_state, sharded_state
-from distlab.memory.zero.validate import check_group
+from distlab.memory.zero.validate import check_dense, check_group
 
 
 def fast_path(optimizer_class: type, defaults: dict, groups: list[dict]) -> tuple[dict, dict]:
@@ -83,31 +90,60 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.group, self.stage = group, stage
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.bucket_numel = bucket_numel
         everything = [p for g in self.param_groups for p in g["params"]]
         self.names = self._parameter_names(everything)
-        for p in everything:
-            dist.broadcast(p.detach(), group=group, group_src=0)  # every replica starts alike
-        self.buckets = make_buckets(list(reversed(everything)), self.n, bucket_numel)  # backward order
-        self.where, self.shards = self._slices()
+        self.buckets, self.where, self.shards = [], {}, {}
+        self._add_buckets(everything)
         self.optim = self._inner_optimizer(optimizer_class, defaults)
         self.reducer = GradientReducer(self.buckets, self.shards, self.names, group, stage)
 
-    def _parameter_names(self, everything: list[Tensor]) -> dict[int, str]:
+    def _add_buckets(self, params: list[Tensor]) -> None:
+        """Check `params`, make every replica's copy rank 0's, and cut them into buckets and slices."""
+        check_dense(params, self.names, "ShardedOptimizer")
+        for p in params:
+            dist.broadcast(p.detach(), group=self.group, group_src=0)  # every replica starts alike
+        new = make_buckets(list(reversed(params)), self.n, self.bucket_numel)  # backward order
+        self.buckets.extend(new)
+        where, shards = self._slices(new)
+        self.where.update(where)
+        self.shards.update(shards)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group, as on any torch optimizer; after construction a collective (every rank of
+        the group adds the same group): its parameters get buckets and slices of their own, the inner
+        optimizer a mirroring group, and the gradient hooks are set again (call it between steps)."""
+        super().add_param_group(param_group)
+        if not hasattr(self, "optim"):  # torch.optim.Optimizer.__init__ adding the constructor's groups
+            return
+        g = self.param_groups[-1]
+        self.names.update(self._parameter_names(g["params"], start=len(self.names), groups=[g]))
+        self._add_buckets(list(g["params"]))
+        self.optim.add_param_group({**{k: v for k, v in g.items() if k != "params"},
+                                    "params": [self.shards[id(p)] for p in g["params"]]})
+        for k, v in self.optim.param_groups[-1].items():
+            if k != "params":
+                g.setdefault(k, v)
+        self.reducer.remove()
+        self.reducer = GradientReducer(self.buckets, self.shards, self.names, self.group, self.stage)
+
+    def _parameter_names(self, everything: list[Tensor], start: int = 0,
+                         groups: list[dict] | None = None) -> dict[int, str]:
         """id(param) -> its name, for error messages: named_parameters() gives names; a plain list,
         positions."""
-        names = {id(p): name for g in self.param_groups for p, name in
+        names = {id(p): name for g in (groups or self.param_groups) for p, name in
                  zip(g["params"], g.get("param_names", [None] * len(g["params"])), strict=True)}
-        for k, p in enumerate(everything):
-            names[id(p)] = names[id(p)] or f"parameter {k} of shape {tuple(p.shape)}"
+        for k, p in enumerate(everything, start):
+            names[id(p)] = names.get(id(p)) or f"parameter {k} of shape {tuple(p.shape)}"
         return names
 
-    def _slices(self) -> tuple[dict[int, tuple[Bucket, int]], dict[int, nn.Parameter]]:
-        """Where each parameter sits (its bucket and position) and this rank's slice of it."""
+    def _slices(self, buckets: list[Bucket]) -> tuple[dict[int, tuple[Bucket, int]], dict[int, nn.Parameter]]:
+        """Where each parameter of `buckets` sits (its bucket and position) and this rank's slice of it."""
         where: dict[int, tuple[Bucket, int]] = {}
         # id(param) -> this rank's slice of it, a view of the parameter itself: what the optimizer sees.
         # Being a view, it follows the parameter when a checkpoint is loaded into the model.
         shards: dict[int, nn.Parameter] = {}
-        for b in self.buckets:
+        for b in buckets:
             for k, p in enumerate(b.params):
                 where[id(p)] = (b, k)
                 shards[id(p)] = nn.Parameter(b.own(p.detach(), k, self.rank), requires_grad=p.requires_grad)
@@ -147,18 +183,38 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # -- the step
     @torch.no_grad()
-    def step(self, closure: None = None) -> None:  # type: ignore[override]
-        """Average the gradients, run the optimizer on this rank's slices, all-gather the parameters."""
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Average the gradients, run the optimizer on this rank's slices, all-gather the parameters.
+        `closure` (forward and backward, returning the loss) runs first, once, as the element-wise torch
+        optimizers run it; its loss is returned. `kwargs` go to the inner optimizer's step."""
+        loss = None
         if closure is not None:
-            raise ValueError("closure: ShardedOptimizer.step takes no closure (LBFGS-style re-evaluation is "
-                             "not sharded); compute the loss and call backward() before step()")
+            with torch.enable_grad():
+                loss = closure()
         self.reduce_gradients()
+        self._groups_to_inner()
+        self.optim.step(**kwargs)
         for g, ig in zip(self.param_groups, self.optim.param_groups, strict=True):
-            for k, v in g.items():  # a scheduler may have changed lr: the slices follow the user's groups
+            for k, v in ig.items():  # and keys the inner optimizer set in its step reach the user's groups
+                if k != "params" and k not in self._fast:
+                    g[k] = v
+        self._gather_parameters()
+        return loss
+
+    def _groups_to_inner(self) -> None:
+        """The user's groups' settings (lr from a scheduler, a key the user added) into the inner ones."""
+        if len(self.param_groups) != len(self.optim.param_groups):
+            raise RuntimeError(f"ShardedOptimizer: param_groups has {len(self.param_groups)} groups but the "
+                               f"sharded optimizer knows {len(self.optim.param_groups)}; add a group with "
+                               "opt.add_param_group(group), not by appending to param_groups")
+        for g, ig in zip(self.param_groups, self.optim.param_groups, strict=True):
+            for k, v in g.items():
                 if k != "params":
                     ig[k] = v
             ig.update(self._fast)
-        self.optim.step()
+
+    def _gather_parameters(self) -> None:
+        """Every replica gets the updated parameters: one all-gather per bucket of the ranks' slices."""
         gathers = []  # every bucket's all-gather in flight at once; unpack each as it lands
         for b in self.buckets:
             mine = torch.empty(b.width, dtype=b.dtype, device=b.params[0].device)  # padding: never read

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from distlab.dist_compat import reduce_scatter_single
 from distlab.memory.zero.buckets import Bucket
 from distlab.memory.zero.uneven import agree_on_usage
+from distlab.memory.zero.validate import densify_grad
 
 
 class GradientReducer:
@@ -57,11 +58,19 @@ class GradientReducer:
         self._seen: set[int] = set()  # parameters that got a gradient in this backward
         self._done: set[int] = set()  # buckets reduce-scattered since the last step
         self._reduced = False
+        self._token = (object(), stage)  # a plain token on the parameter (a model's copy copies only it)
+        for p in self._all:  # who reduces this parameter's gradient (see `_owner_check`)
+            owners = getattr(p, "_distlab_zero_owners", ())
+            shared = stage == 1 and all(s == 1 for _, s in owners)
+            p._distlab_zero_owners = (*owners, self._token) if shared else (self._token,)  # type: ignore
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(i, k))
                       for i, b in enumerate(self.buckets) for k, p in enumerate(b.params) if p.requires_grad]
 
     def _hook(self, i: int, k: int) -> Callable[[Tensor], None]:
         def hook(p: Tensor) -> None:
+            if self._token not in getattr(p, "_distlab_zero_owners", ()):
+                return  # a newer ShardedOptimizer over this parameter takes its gradients
+            densify_grad(p)  # nn.Embedding(sparse=True): the same values, in dense rows
             if self.stage == 2:  # keep only the slice: pack the gradient now and let the whole one go
                 b = self.buckets[i]
                 if i not in self._grad_bufs:
@@ -107,6 +116,7 @@ class GradientReducer:
             if buf is None:
                 buf = self._grad_bufs[i] = b.grad_buffer()
             for k, p in enumerate(b.params):
+                densify_grad(p)  # a sparse gradient set by hand
                 if p.grad is None:
                     b.rows(buf, k).zero_()
                 else:
@@ -160,6 +170,7 @@ class GradientReducer:
         slices of parameters that no rank used since the last step. Once per step: later calls return."""
         if self._reduced:
             return
+        self._owner_check()
         fresh = [i for i in range(len(self.buckets)) if i not in self._done or self._got[i]]
         for i in fresh:
             self._reduce(i)
@@ -172,6 +183,20 @@ class GradientReducer:
             if id(p) not in self._used:
                 self.shards[id(p)].grad = None
         self._reduced = True
+
+    def _owner_check(self) -> None:
+        """A parameter has one gradient, and stage 2 takes it (`p.grad` is None once its slice is packed),
+        so where a stage-2 ShardedOptimizer is involved one reducer per parameter handles it: the newest
+        (stage-1 ones, which leave `p.grad` alone, share it). An older ShardedOptimizer whose parameters
+        were taken would step on gradients it never saw; refuse, naming the fix."""
+        taken = [p for p in self._all if self._token not in getattr(p, "_distlab_zero_owners", ())]
+        if taken:
+            raise RuntimeError(
+                f"ShardedOptimizer: a newer ShardedOptimizer was built over {self.names[id(taken[0])]} (and "
+                f"{len(taken) - 1} more of this one's parameters) and now reduces their gradients; step that "
+                "one. Where stage 2 is involved, one ShardedOptimizer per parameter: stage 2 frees the "
+                "gradient once it has its slice; to switch optimizers, call remove() on the old one, then "
+                "build the new one")
 
     def _check_unchanged(self) -> None:
         """Stage 1: `p.grad` is this rank's own gradient, sent during the backward. Changing it afterwards
@@ -193,6 +218,10 @@ class GradientReducer:
         self._sent.clear()
 
     def remove(self) -> None:
-        """Take the hooks off the parameters."""
+        """Take the hooks off the parameters (and give up their ownership)."""
         for h in self.hooks:
             h.remove()
+        for p in self._all:
+            owners = getattr(p, "_distlab_zero_owners", ())
+            if self._token in owners:
+                p._distlab_zero_owners = tuple(o for o in owners if o is not self._token)  # type: ignore

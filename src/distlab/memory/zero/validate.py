@@ -1,8 +1,13 @@
-"""What every ZeRO entry point checks before its first collective: the stage, the group, the mesh dim."""
+"""What every ZeRO entry point checks before its first collective: the stage, the group, the mesh dim,
+dense parameters; and a sparse gradient made dense."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
 STAGES = (0, 1, 2, 3)
@@ -34,3 +39,21 @@ def dp_group(mesh: DeviceMesh, axis: str = "dp") -> dist.ProcessGroup:
         raise ValueError(f"axis={axis!r} is not an axis of the mesh, whose axes are {list(names)}; build the "
                          f"mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel axis")
     return mesh[axis].get_group()
+
+
+def densify_grad(p: Tensor) -> None:
+    """Make `p.grad` dense (strided) in place if it is sparse, as `nn.Embedding(sparse=True)` and
+    `nn.EmbeddingBag(sparse=True)` make it. ZeRO cuts every gradient into dense rows and reduce-scatters
+    them; the dense gradient holds the same values, so the step is the same, at the memory of a dense
+    gradient (what the other parameters cost anyway)."""
+    if p.grad is not None and p.grad.layout != torch.strided:
+        p.grad = p.grad.to_dense()
+
+
+def check_dense(params: Iterable[Tensor], names: dict[int, str], who: str) -> None:
+    """A parameter that is itself a sparse tensor cannot be cut into rows: a ValueError naming it."""
+    for p in params:
+        if p.layout != torch.strided:
+            raise ValueError(f"{who}: {names.get(id(p), 'a parameter')} is a sparse tensor ({p.layout}), and "
+                             "ZeRO shards a parameter by its dense rows; keep sparse parameters out of it "
+                             "(give them to a torch optimizer of their own), or make the parameter dense")

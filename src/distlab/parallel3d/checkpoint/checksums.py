@@ -78,7 +78,12 @@ def write(root: str | os.PathLike, parts: Sequence[dict[str, dict]]) -> None:
     for part in parts:
         files.update(part)
     doc = {"algorithm": "crc32", "metadata": crc32(Path(root) / ".metadata"), "files": files}
-    (Path(root) / FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    part = Path(root) / (FILE + ".part")  # renamed into place: checksums.json is whole or absent, and
+    with open(part, "w") as fh:           # its presence marks a finished save (`atomic.complete`)
+        fh.write(json.dumps(doc, indent=1) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(part, Path(root) / FILE)
 
 
 def read(root: str | os.PathLike) -> dict:
@@ -112,8 +117,26 @@ def check(root: str | os.PathLike, files: dict[str, dict], names: Sequence[str])
         for key, where, start, length, want in files[name]["chunks"]:
             got = crc32(path, start, length)
             if got != want:
+                twin = _holds_file_of(path, name, files)
+                if twin is not None:
+                    raise CheckpointError(
+                        f"shard file {path} holds the bytes the save wrote into {twin}: the files were "
+                        "swapped or mismatched (renamed or copied in from elsewhere); restore them, or load "
+                        "an earlier checkpoint")
                 at = f" (its chunk at offset {tuple(where)})" if where and any(where) else ""
                 raise CheckpointError(
                     f"shard file {path} is damaged: the bytes {start}..{start + length - 1} of key "
                     f"{key!r}{at} have CRC-32 {got:#010x}, but the save wrote {want:#010x}; nothing was "
                     "loaded: load an earlier checkpoint (or copy this one again from its source)")
+
+
+def _holds_file_of(path: Path, name: str, files: dict[str, dict]) -> str | None:
+    """The other data file of this checkpoint whose recorded chunks `path` matches byte for byte (so the
+    two were swapped), or None. Run only after a mismatch, so a healthy load never pays for it."""
+    size = path.stat().st_size
+    for other, entry in sorted(files.items()):
+        if other == name or entry.get("size") != size:
+            continue
+        if all(crc32(path, start, length) == want for _k, _w, start, length, want in entry["chunks"]):
+            return other
+    return None

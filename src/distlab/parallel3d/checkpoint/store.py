@@ -25,16 +25,17 @@ re-flattened into the new layout on load). FSDP2 (torch's per-parameter sharding
 regrouping by sharding each parameter `Shard(0)` over dp, and so does chapter 7's `ShardedOptimizer`,
 whose state dicts go through the same per-parameter keys (`sharded_state`).
 
-`save` writes `<dir>.tmp` and renames it to `<dir>` once DCP has written `.metadata` (its last file), so a
-directory without `.tmp` is a complete checkpoint. Before the rename, each rank checksums its share of
-the data files (`checksums`); `load` checks everything first (`verify`) and loads nothing from a
-checkpoint that fails.
+`save` writes `<dir>.tmp` and renames it into place once DCP has written `.metadata` and the checksums are
+written; an older checkpoint at `<dir>` is renamed aside first and deleted last (`atomic`), so a crash
+at any moment leaves a complete checkpoint that `load` and `latest` find. Before the rename, each
+rank checksums its share of the data files (`checksums`); `load` checks everything first (`verify`)
+and loads nothing from a checkpoint that fails.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,9 +47,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from distlab.parallel3d.checkpoint import checksums
+from distlab.parallel3d.checkpoint import atomic, checksums
 from distlab.parallel3d.checkpoint.contract import Checkpointable, ShardedParam
-from distlab.parallel3d.checkpoint.errors import CheckpointError, from_dcp
+from distlab.parallel3d.checkpoint.errors import CheckpointError, from_dcp, from_dcp_save
 from distlab.parallel3d.checkpoint.verify import read_metadata, verify
 
 
@@ -96,26 +97,59 @@ def state_dict(trainer: Checkpointable, mesh: DeviceMesh, saving: bool = True) -
 
 def save(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> Path:
     """Write the trainer's sharded state to the directory `path` (a collective: every rank calls it),
-    with a CRC-32 of every chunk (`checksums.json`: each rank reads back its share of the data files)."""
-    final = Path(path)
-    tmp = final.with_name(final.name + ".tmp")
+    with a CRC-32 of every chunk (`checksums.json`: each rank reads back its share of the data files).
+    Atomic across a crash at any point (`atomic`): `path` holds the old checkpoint or the new one."""
+    final = _directory(path, saving=True)
+    tmp = atomic.tmp_of(final)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if rank == 0 and tmp.exists():
-        shutil.rmtree(tmp)  # a save that was cut off before
-    dist.barrier()
-    dcp.save(state_dict(trainer, mesh), checkpoint_id=str(tmp))
-    dist.barrier()
+    _on_rank0(lambda: atomic.recover(final), f"repairing {final} before the save", world)
+    try:
+        dcp.save(state_dict(trainer, mesh), checkpoint_id=str(tmp))
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        raise from_dcp_save(final, e) from e
+    if world > 1:
+        dist.barrier()
     metadata = read_metadata(tmp)
     names = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
     part = checksums.compute(tmp, metadata, checksums.share(names, rank, world))
     parts: list[dict] | None = [{} for _ in range(world)] if rank == 0 else None
-    dist.gather_object(part, parts, dst=0)
-    if rank == 0:
+    if world > 1:
+        dist.gather_object(part, parts, dst=0)
+    else:
+        parts = [part]
+
+    def finish() -> None:
         checksums.write(tmp, parts or [])
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    dist.barrier()
+        atomic.commit(tmp, final)
+    _on_rank0(finish, f"putting {tmp} in place of {final}", world)
+    return final
+
+
+def _on_rank0(fn: Callable[[], None], doing: str, world: int) -> None:
+    """Run `fn` (file operations on the shared directory) on rank 0; its OSError, if any, raised as the
+    same `CheckpointError` on every rank (the others would otherwise wait at the next collective)."""
+    failed = None
+    if dist.get_rank() == 0:
+        try:
+            fn()
+        except OSError as e:
+            failed = f"{doing} failed ({type(e).__name__}: {e}); the checkpoint saved before is intact"
+    failed = _everyone(failed, world)[0]
+    if failed is not None:
+        raise CheckpointError(failed)
+
+
+def _directory(path: str | os.PathLike, saving: bool) -> Path:
+    """`path` as a checkpoint directory, or a CheckpointError when it (or its parent, to save) is a file."""
+    final = Path(path)
+    if final.exists() and not final.is_dir():
+        fix = ("to save into, e.g. checkpoint.step_dir(root, step)" if saving
+               else "a save wrote, e.g. checkpoint.latest(root)")
+        raise CheckpointError(f"{final} is a file, not a checkpoint directory: pass the directory {fix}")
+    parent = next((p for p in final.parents if p.exists()), None)
+    if saving and parent is not None and not parent.is_dir():
+        raise CheckpointError(f"cannot save into {final}: {parent} is a file, not a directory; choose a "
+                              "path under a directory")
     return final
 
 
@@ -124,6 +158,7 @@ def load(trainer: Checkpointable, mesh: DeviceMesh, path: str | os.PathLike) -> 
     at. A missing, truncated or damaged file, or another model's checkpoint (a key missing or extra,
     another shape or dtype), raises the same `CheckpointError` on every rank before anything is read
     into the model (`verify.verify`; each rank checksums its share of the files)."""
+    path = atomic.resolve(_directory(path, saving=False))  # after a crash mid-save: its .tmp or aside
     sd = state_dict(trainer, mesh, saving=False)
     mine = {f"{group}.{name}": (tuple(t.shape), t.dtype)
             for group in sd for name, t in _flat(sd[group]).items()}
@@ -175,9 +210,11 @@ def _flat(d: dict) -> dict[str, Tensor]:
 
 
 def latest(root: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint `root/step_NNNNNN` (a `.tmp` directory is a save cut off)."""
-    done = sorted(p for p in Path(root).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    return done[-1] if done else None
+    """The newest checkpoint `root/step_N`, by the integer N (not the name: step_1000000 is newer than
+    step_999999), that `load` can read: a finished save, or one a crash left complete in `.tmp` or aside
+    (`atomic`); a `.tmp` the save did not finish is skipped."""
+    found = atomic.steps(Path(root))
+    return found[max(found)] if found else None
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:

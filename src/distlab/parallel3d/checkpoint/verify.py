@@ -35,6 +35,9 @@ __all__ = ["CheckpointError", "check_files", "check_keys", "read_metadata", "ver
 def read_metadata(path: str | os.PathLike) -> Metadata:
     """DCP's `.metadata` of the checkpoint directory `path`, or a CheckpointError saying what is wrong."""
     root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"{root} is a file, not a checkpoint directory; pass a directory written by "
+                              "distlab.parallel3d.checkpoint.save (e.g. checkpoint.latest(root))")
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist; pass a directory written by "
                               "distlab.parallel3d.checkpoint.save (e.g. checkpoint.latest(root))")
@@ -49,8 +52,9 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
                               "load an earlier checkpoint instead") from e
 
 
-def check_files(path: str | os.PathLike, metadata: Metadata) -> None:
-    """Every data file the metadata names exists and is long enough for every chunk stored in it."""
+def check_files(path: str | os.PathLike, metadata: Metadata, written: dict[str, dict] | None = None) -> None:
+    """Every data file the metadata names exists, has the size the save wrote (`written`, the files'
+    table of `checksums.json`; None: not checked) and is long enough for every chunk stored in it."""
     root = Path(path)
     need: dict[str, int] = defaultdict(int)
     keys: dict[str, list[str]] = defaultdict(list)
@@ -64,9 +68,28 @@ def check_files(path: str | os.PathLike, metadata: Metadata) -> None:
             raise CheckpointError(f"shard file {file} is missing; it holds {len(set(keys[name]))} keys "
                                   f"({shown}); the checkpoint is incomplete, load an earlier one")
         size = file.stat().st_size
+        _check_size(file, size, written or {})
         if size < need[name]:
             raise CheckpointError(f"shard file {file} is truncated: {size} bytes, but its chunks need "
                                   f"{need[name]} (keys {shown}); load an earlier checkpoint")
+
+
+def _check_size(file: Path, size: int, written: dict[str, dict]) -> None:
+    """A data file whose size is not the one the save wrote: another file of this checkpoint (swapped),
+    a file from elsewhere (mismatched), or a copy cut short (truncated)."""
+    want = written.get(file.name, {}).get("size")
+    if want is None or size == want:
+        return
+    others = sorted(n for n, entry in written.items() if n != file.name and entry.get("size") == size)
+    if others:
+        raise CheckpointError(f"shard file {file} has {size} bytes, but the save wrote {want}; {size} is "
+                              f"the size of {others[0]}: the files were swapped or mismatched (renamed or "
+                              "copied in from elsewhere); restore them, or load an earlier checkpoint")
+    if size < want:
+        raise CheckpointError(f"shard file {file} is truncated: {size} bytes, but the save wrote {want}; "
+                              "load an earlier checkpoint")
+    raise CheckpointError(f"shard file {file} has {size} bytes, but the save wrote {want}: it was replaced "
+                          "by another file (mismatched) or appended to; load an earlier checkpoint")
 
 
 def _listed(keys: list[str]) -> str:
@@ -113,7 +136,7 @@ def verify(path: str | os.PathLike, expected: dict | None = None,
     this rank's share of the data files (`part` = (rank, world): files[rank::world]; (0, 1): all)."""
     metadata = read_metadata(path)
     files = checksums.read(path)
-    check_files(path, metadata)
+    check_files(path, metadata, files)
     if expected is not None:
         check_keys(path, metadata, expected)
     names = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
