@@ -39,6 +39,7 @@ def _config(L, h, a, b, s, V, precision, recompute) -> MemoryConfig:
         recompute=recompute,
         attention="flash",
         dropout=False,
+        device="cpu",
     )
 
 

@@ -27,12 +27,16 @@ MEMORY_TOLERANCE = 0.05  # chapter 7's stated goal for the predicted peak (tests
 
 
 def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, vocab: int,
-                   precision: str = "fp32", recompute: str = "none", device: int = 0) -> dict:
+                   precision: str = "fp32", recompute: str = "none", device: int = 0,
+                   adam: str = "for-loop") -> dict:
     """One step on CUDA GPU `device`, as `memory.accounting.measure_gpt_step` runs it on CPU: the bytes
     the step itself allocated at its peak (max_memory_allocated less what was allocated before it and is
-    not a model state), and the prediction for the same shape."""
+    not a model state), and the prediction for the same shape. `adam`: Adam's implementation ("for-loop",
+    "foreach", "fused", or "default", torch's choice on CUDA: foreach; `memory.optimizer_step`), run and
+    predicted alike."""
     from distlab.memory.accounting import optimizer_tensors
     from distlab.memory.estimator import MemoryConfig
+    from distlab.memory.optimizer_step import adam_form, adam_kwargs
     from distlab.memory.peak import predict_peak
     from distlab.memory.precision import MasterWeights
     from distlab.memory.recompute import policy_plan, recompute_forward
@@ -45,13 +49,12 @@ def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, v
     g = torch.Generator().manual_seed(0)
     idx, y = (torch.randint(vocab, (batch, seq), generator=g).to(dev) for _ in range(2))
     plan = policy_plan(recompute, layers)
-    # foreach=False: one parameter at a time, as Adam steps on CPU, which is what the prediction follows
-    # (on CUDA Adam defaults to its multi-tensor form, whose temporaries span every parameter at once)
+    form = adam_form(adam, "cuda")
     if precision == "mixed":
         model = model.to(torch.bfloat16)
-        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False))
+        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3, **adam_kwargs(form)))
     else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **adam_kwargs(form))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -69,21 +72,23 @@ def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, v
     torch.cuda.synchronize(dev)
     measured = torch.cuda.max_memory_allocated(dev) - other
     config = MemoryConfig(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq, micro_batch=batch,
-                          precision=precision, recompute=recompute, attention="flash", dropout=False)
+                          precision=precision, recompute=recompute, attention="flash", dropout=False,
+                          adam=form, device="cuda")
     predicted = predict_peak(config, bias=True)
     return {"shape": {"layers": layers, "hidden": hidden, "heads": heads, "batch": batch, "seq": seq,
-                      "vocab": vocab}, "precision": precision, "recompute": recompute,
+                      "vocab": vocab}, "precision": precision, "recompute": recompute, "adam": form,
             "measured_peak_bytes": int(measured), "predicted_peak_bytes": int(predicted.peak_bytes),
             "predicted_phase": predicted.phase, "not_the_step_bytes": int(other),
             "relative_error": predicted.peak_bytes / measured - 1}
 
 
-def memory_check(tolerance: float = MEMORY_TOLERANCE) -> list[dict]:
-    """`cuda_step_peak` for every shape and case; each row says whether it is within `tolerance`."""
+def memory_check(tolerance: float = MEMORY_TOLERANCE, adam: str = "for-loop") -> list[dict]:
+    """`cuda_step_peak` for every shape and case with Adam's implementation `adam`; each row says whether it
+    is within `tolerance`."""
     rows = []
     for shape in SHAPES:
         for precision, recompute in CASES:
-            row = cuda_step_peak(*shape, precision=precision, recompute=recompute)
+            row = cuda_step_peak(*shape, precision=precision, recompute=recompute, adam=adam)
             row["tolerance"] = tolerance
             row["within_tolerance"] = abs(row["relative_error"]) <= tolerance
             rows.append(row)

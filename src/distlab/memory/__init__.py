@@ -16,7 +16,11 @@ One idea per file (this chapter's core half, then ZeRO and its relatives):
 - `peak`: the peak of a training step, tensor by tensor: which phase, which tensors are alive, the
   recomputed working set and the temporaries (`predict_peak` -> `PeakPrediction`), beside
   `accounting.measure_gpt_step`; `python -m distlab.memory measure --json` prints both. It replays
-  `gpt_step` (the step's ops and their tensors) on a `timeline.Timeline` (live bytes by kind).
+  `gpt_step` and `gpt_ends` (the step's ops and their tensors, on one GPU of any layout) and
+  `optimizer_step` (Adam's for-loop, foreach and fused forms; torch's default per device) on a
+  `timeline.Timeline` (live bytes by kind).
+- `peak_layout`: the same peak on the GPU of any layout that holds the most (`layout_peak`,
+  `stage_peak`), the estimator's `peak_bytes`: the one memory number, which chapter 9's planner uses.
 - `estimator`: bytes per GPU of any configuration (dp, tp, pp with 1F1B/GPipe/interleaved, cp, ZeRO
   0-3, recomputation, offload, precision); `python -m distlab.memory estimate ... --json`. Its terms:
   `config` (`MemoryConfig`, `validate`), `model_states` (per GPU) and `activations` (per layer, per stage).

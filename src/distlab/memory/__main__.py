@@ -5,7 +5,8 @@
         --tp 8 --pp 8 --dp 16 --zero 1 --recompute selective --json
     python -m distlab.memory measure --layers 2 --hidden 64 --heads 4 --batch 8 --seq 32 --json
 
-`estimate` prints the bytes per GPU (`distlab.memory.estimator`); `measure` runs one training step of
+`estimate` prints the bytes per GPU (`distlab.memory.estimator`), each part and the step's peak
+(`peak_bytes`, the number chapter 9's planner reports as `memory_gb`); `measure` runs one training step of
 `distlab.models.GPT` on this machine and prints what `distlab.memory.accounting` counted beside the
 prediction of `distlab.memory.cost_model`.
 """
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from distlab.cli_types import at_least, between
-from distlab.memory import cost_model, estimator
+from distlab.memory import cost_model, estimator, optimizer_step
 
 PROG = "python -m distlab.memory"
 
@@ -43,7 +44,8 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
         "--params",
         type=between(1, 1e15, float, "a thousand times the largest published models, about 1e12 parameters"),
         default=none,
-        help="parameter count Psi, e.g. 7.5e9 (default: from the shape)",
+        help="parameter count Psi, e.g. 7.5e9 (default: from the shape; with a shape, within a factor of 2 "
+        "of the shape's count)",
     )
     for name, what, high in (
         ("layers", "transformer layers L", 1e4),
@@ -110,6 +112,9 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
         default=none,
         help="host memory per node, to check that offload fits in GB (default: not checked)",
     )
+    _add_adam(p)
+    p.add_argument("--device", choices=optimizer_step.DEVICES, default="cuda",
+                   help="where the step runs; it picks the default Adam implementation")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -143,7 +148,14 @@ def _add_measure(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--recompute", choices=cost_model.RECOMPUTE, default="none", help="activation recomputation"
     )
+    _add_adam(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_adam(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adam", choices=("default", *optimizer_step.FORMS), default="default",
+                   help="Adam's implementation; default: torch's choice on the device (foreach on cuda, "
+                   "for-loop on cpu)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -197,6 +209,8 @@ def run_measure(args: argparse.Namespace) -> dict[str, object]:
         recompute=args.recompute,
         attention="flash",
         dropout=False,
+        adam=args.adam,
+        device="cpu",
     )
     predicted = predict_peak(config)
     free = available_bytes()
@@ -217,6 +231,7 @@ def run_measure(args: argparse.Namespace) -> dict[str, object]:
             args.precision,
             args.recompute,
             args.seed,
+            adam=args.adam,
         )
     except (RuntimeError, MemoryError) as e:  # the allocator ran out after all: say so in one line
         raise ValueError(
@@ -257,7 +272,9 @@ def _print(data: dict[str, object], as_json: bool) -> None:
         return
     width = max(map(len, data))
     for k, v in data.items():
-        if k == "activations_bytes" and not data.get("shape_given", True):
+        if k in ("peak_phase", "peak_where", "peak_stage") and not data.get("shape_given", True):
+            continue
+        if k in ("activations_bytes", "peak_bytes") and not data.get("shape_given", True):
             v = "not estimated: no shape given (add --layers --hidden --heads --vocab)"
         if k != "shape_given":
             print(f"{k:<{width}}  {_show(k, v)}")

@@ -266,10 +266,13 @@ def measure_gpt_step(
     recompute: str = "none",
     seed: int = 0,
     bias: bool = True,
+    adam: str = "for-loop",
 ) -> StepMemory:
     """`measure_step` of one training step of `distlab.models.GPT` with Adam on a random batch:
     `precision="fp32"`, or `"mixed"`, a bf16 model with fp32 master weights (`precision.MasterWeights`,
-    Micikevicius et al. 2018); `recompute` is a named policy of `recompute.policy_plan`."""
+    Micikevicius et al. 2018); `recompute` is a named policy of `recompute.policy_plan`; `adam` is the
+    implementation (`optimizer_step.FORMS`: "for-loop", "foreach", "fused"; "default" is torch's on CPU)."""
+    from distlab.memory.optimizer_step import adam_form, adam_kwargs
     from distlab.memory.precision import MasterWeights
     from distlab.memory.recompute import policy_plan, recompute_forward
     from distlab.models import GPT, GPTConfig
@@ -278,6 +281,7 @@ def measure_gpt_step(
         raise ValueError(
             f"precision={precision!r} is unknown; choose 'fp32' or 'mixed' (bf16 + fp32 masters)"
         )
+    kwargs = adam_kwargs(adam_form(adam, "cpu"))
     torch.manual_seed(seed)
     config = GPTConfig(
         vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads, n_embd=hidden, bias=bias
@@ -288,7 +292,7 @@ def measure_gpt_step(
     plan = policy_plan(recompute, layers)
     if precision == "mixed":
         model = model.to(torch.bfloat16)
-        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3))
+        optimizer = MasterWeights(model, lambda ps: torch.optim.Adam(ps, lr=1e-3, **kwargs))
     else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **kwargs)
     return measure_step(model, lambda m: recompute_forward(m, idx, y, plan=plan)[1], optimizer)

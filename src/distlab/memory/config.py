@@ -4,16 +4,17 @@
 planner describe: the model (a parameter count, or its shape: layers, hidden, heads, vocab, and the modern
 shape options of `distlab.memory.shape`), the micro-batch and sequence, the parallel layout (dp, tp, pp,
 cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
-offload and FP8. `validate` checks one before anything is computed, in the order a reader fixes them
-(the training options, the pipeline schedule, then the shape against the layout); every error names the
-value and the fix.
+offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before
+anything is computed, in the order a reader fixes them (the training options, the pipeline schedule, then
+the shape against the layout); every error names the value and the fix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distlab.memory import cost_model, shape
+from distlab.memory.optimizer_step import adam_form
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -54,6 +55,8 @@ class MemoryConfig:
     layer_split: tuple[int, ...] | None = None  # layers per pipeline stage; None = even (pp must divide)
     rounds: int | None = None  # interleaved schedule: micro-batches per round through the chunks; None = pp
     fp8: bool = False  # FP8 linear layers: their saved inputs in 1 byte (module docstring)
+    adam: str = "default"  # Adam's implementation: for-loop, foreach, fused; default: torch's per device
+    device: str = "cuda"  # where the step runs: cuda (a GPU) or cpu; it picks the default Adam
 
     @property
     def modern(self) -> bool:
@@ -83,14 +86,41 @@ def _has_shape(c: MemoryConfig) -> bool:
 
 
 
+MIN_PARAMS = 1_000  # the smallest model the course trains (2 layers of width 16) has about 7,000
+PARAMS_AGREE = 2.0  # --params beside a shape: within this factor of the shape's own count
+
+
 def validate(c: MemoryConfig) -> bool:
     """Check a configuration; returns whether it has a shape. Every error names the value and the fix."""
     _check_training(c)
     _check_schedule(c)
+    _check_params(c)
     if not _has_shape(c):
         return False
     _check_shape(c)
+    _check_params_against_shape(c)
     return True
+
+
+def _check_params(c: MemoryConfig) -> None:
+    """A parameter count that no model has (a typo such as 1 or 2.5) is refused, not computed as 0 bytes."""
+    if c.params is not None and not isinstance(c.params, bool) and c.params < MIN_PARAMS:
+        raise ValueError(f"params={c.params!r} is not a plausible parameter count: a model has at least "
+                         f"{MIN_PARAMS:,} (the course's smallest GPT has about 7,000); give the count "
+                         "itself, e.g. params=1.3e9, or leave params out and give the shape")
+
+
+def _check_params_against_shape(c: MemoryConfig) -> None:
+    """With a shape, `params` replaces the shape's count for the model states: it must be about the same."""
+    if c.params is None:
+        return
+    from distlab.memory.model_states import total_params  # model_states imports this module
+
+    own = total_params(replace(c, params=None))
+    if not own / PARAMS_AGREE <= c.params <= own * PARAMS_AGREE:
+        raise ValueError(f"params={c.params:.4g} disagrees with the shape (layers={c.layers}, "
+                         f"hidden={c.hidden}, vocab={c.vocab}, seq={c.seq}), which has {own:.4g} parameters; "
+                         f"give params within a factor of {PARAMS_AGREE:g} of it, or leave params out")
 
 
 def _check_training(c: MemoryConfig) -> None:
@@ -118,6 +148,7 @@ def _check_training(c: MemoryConfig) -> None:
         raise ValueError(
             f"recompute={c.recompute!r} is unknown; choose one of {', '.join(cost_model.RECOMPUTE)}"
         )
+    adam_form(c.adam, c.device)
     if c.fp8 and c.precision != "mixed":
         raise ValueError(f"fp8=True needs precision='mixed' (bf16 weights and gradients, an fp32 master "
                          f"copy) but precision={c.precision!r}; set precision='mixed' or fp8=False")

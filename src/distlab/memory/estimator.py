@@ -18,7 +18,12 @@ and no learned position embedding (`positions=False`); and the pipeline may spli
 (`layer_split`, the embedding on the first stage and the output layer on the last). Without these options
 every result is chapter 7's GPT-3 block, unchanged.
 
-The total leaves out temporary buffers and allocator fragmentation, which section 1 measures.
+`total_bytes`, the sum of these parts, is not what a GPU must hold: no tensor lives through the whole step.
+`peak_bytes` is the step's peak on the GPU that holds the most (`peak_layout.layout_peak`): the same
+tensors walked op by op through one micro-batch's forward and backward and the optimizer's step, with the
+temporaries of each op and of Adam in the implementation that runs (`adam`, torch's default on `device`;
+`optimizer_step`). It is the one memory number: the planner (chapter 9) fits and reports it. It leaves out
+allocator fragmentation, which section 1 measures.
 The terms live in three files, all re-exported here: `config` (`MemoryConfig` and `validate`, what the
 command line builds), `model_states` (parameters per GPU and their bytes) and `activations` (bytes per
 layer, and the layers a pipeline stage holds).
@@ -43,6 +48,7 @@ from distlab.memory.activations import (
 )
 from distlab.memory.config import SCHEDULES, MemoryConfig, validate
 from distlab.memory.model_states import params_per_gpu, states_per_gpu, total_params
+from distlab.memory.peak_layout import layout_peak
 
 __all__ = ["LINEAR_INPUTS", "SCHEDULES", "MemoryConfig", "MemoryEstimate", "activation_bytes", "estimate",
            "fp8_saving", "in_flight_layers", "modern_layer_bytes", "params_per_gpu", "stage_activations",
@@ -63,6 +69,10 @@ class MemoryEstimate:
     host_bytes: float
     layers_per_stage: float
     in_flight_layers: float
+    peak_bytes: float | None = None  # the step's peak on the GPU that holds the most (`peak_layout`)
+    peak_phase: str | None = None
+    peak_where: str | None = None
+    peak_stage: int | None = None
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -76,6 +86,7 @@ def estimate(c: MemoryConfig) -> MemoryEstimate:
     flight = in_flight_layers(c) if has_shape else 0.0
     if has_shape and c.modern:
         flight = max(stage_activations(c), key=lambda sb: sb[1])[0]
+    peak = layout_peak(c) if has_shape else None
     return MemoryEstimate(
         total_params(c),
         p,
@@ -87,4 +98,5 @@ def estimate(c: MemoryConfig) -> MemoryEstimate:
         host,
         c.layers / c.pp if has_shape else 0.0,
         flight,
+        *((peak.peak_bytes, peak.phase, peak.where, peak.stage) if peak else ()),
     )

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from distlab.memory import cost_model, estimator
 from distlab.memory.estimator import MemoryConfig
-from distlab.memory.gpt_step import StepShape, adam_step, backward, forward, gpt_parameter_sizes, master_step
+from distlab.memory.gpt_step import StepShape, backward, forward, gpt_parameter_sizes
+from distlab.memory.optimizer_step import adam_form, adam_step, master_step
 from distlab.memory.timeline import KINDS, Timeline
 
 __all__ = ["KINDS", "PeakPrediction", "Timeline", "check_peak_config", "gpt_parameter_sizes", "predict_peak"]
@@ -75,8 +76,9 @@ def check_peak_config(c: MemoryConfig) -> None:
 
 def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = True) -> PeakPrediction:
     """The peak of one training step of `distlab.models.GPT` (micro-batch `c.micro_batch` of `c.seq`
-    tokens) with Adam: fp32 (`precision="fp32"`) or a bf16 model with fp32 master weights
-    (`precision="mixed"`, `precision.MasterWeights`). `plan` is a per-layer recomputation plan
+    tokens) with Adam in the implementation `c.adam` runs on `c.device` (`optimizer_step`): fp32
+    (`precision="fp32"`) or a bf16 model with fp32 master weights (`precision="mixed"`,
+    `precision.MasterWeights`). `plan` is a per-layer recomputation plan
     (`recompute.LAYER_OPTIONS`); by default the one of `c.recompute`."""
     from distlab.memory.recompute import check_plan, policy_plan  # recompute imports models (torch)
 
@@ -91,6 +93,7 @@ def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = Tr
     sh = StepShape(c.micro_batch * c.seq, c.seq, c.hidden, c.heads, c.vocab, e, bias)
     sizes = gpt_parameter_sizes(c.layers, c.hidden, c.vocab, c.seq, bias)
     weights, _, state = cost_model.model_state_bytes(sum(sizes), c.precision)  # the estimator's parts
+    form = adam_form(c.adam, c.device)
     tl = Timeline()
     tl.alloc("params", weights, "params")
     tl.alloc("optimizer state", state + 4 * len(sizes), "optimizer")  # + Adam's fp32 step per tensor
@@ -98,8 +101,8 @@ def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = Tr
     backward(tl, sh, plan)
     tl.phase = "optimizer"
     if c.precision == "fp32":
-        adam_step(tl, sizes, 4)
+        adam_step(tl, sizes, form, 4)
     else:
-        master_step(tl, sizes)
+        master_step(tl, sizes, form)
     total = estimator.estimate(c).total_bytes
     return PeakPrediction(tl.peak, tl.peak_phase, tl.peak_where, tl.parts(), total)

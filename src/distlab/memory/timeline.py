@@ -52,3 +52,26 @@ class Timeline:
         for kind, nbytes in self.peak_alive.values():
             out[kind] += nbytes
         return out
+
+    def restart_peak(self) -> None:
+        """Forget the peak so far: what follows is measured from the current total."""
+        self.peak, self.peak_phase, self.peak_where = self.current, self.phase, self.where
+        self.peak_alive = dict(self.alive)
+
+    def repeat(self, name: str, count: int, net: int, rise: int, where: str, kind: str,
+               reverse: bool = False) -> None:
+        """`count` copies of one segment in a row that each change the total by `net` bytes and rise at most
+        `rise` above where they start (a block's forward or backward, identical for every block); what they
+        leave behind is one entry `name` of `count * net` bytes. The peak is on the first copy when net <= 0
+        and on the last otherwise; `where` may hold `{}`, the copy's index (counted down with `reverse`, as
+        backward visits the blocks)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r} is not one of {KINDS}")
+        last = count - 1 if net > 0 else 0
+        top = self.current + last * net + rise
+        if count > 0 and top > self.peak:
+            index = count - 1 - last if reverse else last
+            self.peak, self.peak_phase, self.peak_where = top, self.phase, where.format(index)
+            self.peak_alive = {**self.alive, name: (kind, last * net + rise)}
+        self.alive[name] = (kind, self.alive.get(name, (kind, 0))[1] + count * net)
+        self.current += count * net

@@ -19,6 +19,8 @@ from typing import Any
 from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.cost_model import RECOMPUTE
+from distlab.memory.optimizer_step import FORMS
+from distlab.plan import limits
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
 from distlab.plan.inputs import HBM_GB, PRESETS, ClusterSpec, ModelSpec, Workload, preset
 from distlab.plan.planner import Row, explain, judge, pinned, plan
@@ -74,12 +76,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2, 3], help="ZeRO stages to try")
     s.add_argument("--recompute", nargs="+", default=list(RECOMPUTE), choices=RECOMPUTE,
                    help="recomputation policies to try")
-    s.add_argument("--micro-batch", type=WHOLE, help="pin the micro-batch size")
+    s.add_argument("--micro-batch", type=WHOLE, help="the micro-batch size: pinned, or the only one the "
+                   "search tries (default: every divisor of a replica's share up to --max-micro-batch)")
     s.add_argument("--max-micro-batch", type=WHOLE, default=8, help="largest micro-batch size to try")
     s.add_argument("--interleave", type=WHOLE, nargs="+", default=[1, 2, 4], help="pipeline chunks v to try")
     s.add_argument("--max-cp", type=WHOLE, help="largest context-parallel size to try; default: any")
     s.add_argument("--cp-split", choices=CP_SPLITS, default="zigzag", help="how cp cuts each sequence")
     s.add_argument("--usable-memory", type=REAL, default=0.9, help="fraction of HBM the estimate may fill")
+    s.add_argument("--adam", choices=("default", *FORMS), default="default",
+                   help="Adam's implementation (chapter 7's estimator); default: torch's on a GPU (foreach)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     o.add_argument("--top", type=WHOLE, default=10, help="rows of the table")
@@ -104,7 +109,7 @@ def _inputs(a: argparse.Namespace, p: argparse.ArgumentParser
     if run is not None:
         return run.model_spec(), run.cluster(), run.workload(a.efficiency), run.settings, run
     cluster = ClusterSpec(a.gpu, a.nodes, a.gpus_per_node, a.intra_GBps, a.inter_GBps, a.hbm_gb)
-    settings = Settings(usable_memory=a.usable_memory, cp_split=a.cp_split)
+    settings = Settings(usable_memory=a.usable_memory, cp_split=a.cp_split, adam=a.adam)
     return _model(a, p), cluster, Workload(a.batch, a.efficiency, a.kernels), settings, None
 
 
@@ -122,6 +127,13 @@ def _pinned_candidate(a: argparse.Namespace, p: argparse.ArgumentParser) -> Cand
 
 
 def _check(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    for name in ("micro_batch", "max_micro_batch"):
+        value = getattr(a, name)
+        if value is not None:
+            try:
+                limits.check_int("micro_batch", value, 1, "--" + name.replace("_", "-"))
+            except ValueError as e:
+                p.error(f"argument --{name.replace('_', '-')}: {e}")
     for z in a.zero:
         if z not in (0, 1, 2, 3):
             p.error(f"--zero {z} is not a ZeRO stage; choose among 0 1 2 3")
@@ -159,6 +171,7 @@ def report(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, Any]:
     rej = Rejections()
     rows: list[Row] = plan(model, cluster, workload, settings, rej, zero_stages=tuple(a.zero),
                            recomputes=tuple(a.recompute), max_micro_batch=a.max_micro_batch,
+                           micro_batch=a.micro_batch,
                            interleaves=tuple(a.interleave), max_cp=a.max_cp)
     out.update({"kept": len(rows), "removed": dict(rej),
                 "candidates": [r.to_dict(cluster.gpus, workload.batch) for r in rows]})

@@ -8,8 +8,8 @@ cp dividing the sequence, and dp x micro-batch at most the global batch: when it
 batch, each replica runs m = floor(B / (d b)) micro-batches and the step trains d b m sequences
 (`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each rule removed, so that
 "0 configurations fit" can say why. `memory` asks chapter 7's estimator
-(`distlab.memory.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares them with
-the GPU's HBM.
+(`distlab.memory.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares its peak
+(`peak_bytes`, the step's largest live total on the GPU that holds the most) with the GPU's HBM.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from distlab.memory import shape
 from distlab.memory.cost_model import RECOMPUTE
 from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
+from distlab.memory.optimizer_step import adam_form
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 from distlab.plan.limits import divisors
 
@@ -38,8 +39,9 @@ class Rejections(Counter):
 @dataclass(frozen=True)
 class Settings:
     """What the whole search assumes: sequence parallelism with tp (Korthikanti et al. 2022), the attention
-    kernel chapter 7 counts ("flash": no s x s matrix saved), dropout, and the fraction of HBM that may be
-    used (the rest is left for temporary buffers and fragmentation, which the estimator leaves out)."""
+    kernel chapter 7 counts ("flash": no s x s matrix saved), dropout, Adam's implementation (`adam`:
+    torch's default on a GPU is foreach), and the fraction of HBM the step's peak may fill (the rest is
+    left for the allocator's fragmentation, which the estimator leaves out)."""
 
     sequence_parallel: bool = True
     attention: str = "flash"
@@ -49,12 +51,14 @@ class Settings:
     overlap_dp: bool = True  # whether the dp collectives overlap the backward (DDP, FSDP) or wait for it
     rounds: int | None = None  # interleaved schedule: micro-batches per round (Llama 3's N); None = pp
     fp8: bool = False  # FP8 linear layers: inputs saved in FP8 (chapter 7's estimator), ZeRO-3 gathers in FP8
+    adam: str = "default"  # Adam's implementation (chapter 7's optimizer_step); default: torch's on a GPU
 
     def __post_init__(self) -> None:
         u = self.usable_memory
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ValueError(f"usable_memory={self.usable_memory!r} must be in (0, 1], the fraction of HBM "
                              "the estimate may fill, e.g. 0.9")
+        adam_form(self.adam, "cuda")
         if self.cp_split not in CP_SPLITS:
             raise ValueError(f"cp_split={self.cp_split!r} is unknown; choose one of {', '.join(CP_SPLITS)}")
 
@@ -133,7 +137,7 @@ def memory_config(model: ModelSpec, workload: Workload, c: Candidate, settings: 
         sequence_parallel=settings.sequence_parallel and c.tp > 1, attention=settings.attention,
         dropout=settings.dropout, gpus_per_node=gpus_per_node,
         rounds=min(settings.rounds, c.pp) if (settings.rounds and c.interleave > 1) else None,
-        fp8=settings.fp8,
+        fp8=settings.fp8, adam=settings.adam, device="cuda",
     )
 
 
@@ -145,22 +149,24 @@ def memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candid
 
 
 def fits(m: MemoryEstimate, cluster: ClusterSpec, settings: Settings | None = None) -> bool:
-    """Whether the estimate stays within the usable part of the GPU's HBM."""
-    return m.total_bytes <= (settings or Settings()).usable_memory * cluster.memory_bytes
+    """Whether the step's peak (the estimator's `peak_bytes`) stays within the usable part of the HBM."""
+    return m.peak_bytes <= (settings or Settings()).usable_memory * cluster.memory_bytes
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                          zero_stages: tuple[int, ...] = (0, 1, 2, 3),
                          recomputes: tuple[str, ...] = RECOMPUTE, max_micro_batch: int = 8,
                          interleaves: tuple[int, ...] = (1, 2, 4), max_cp: int | None = None,
-                         rejections: Rejections | None = None, uneven: bool = True) -> Iterator[Candidate]:
+                         rejections: Rejections | None = None, uneven: bool = True,
+                         micro_batch: int | None = None) -> Iterator[Candidate]:
     """Every candidate of the search space (module docstring). ZeRO stages 2 and 3 only without a
     pipeline (their gradient or parameter shards would be reduced or gathered once per micro-batch on
     every stage; DeepSpeed allows only stage 0 or 1 with its pipeline engine; pin one with
     `--zero` to price it anyway); stages above 0 only with d c > 1; interleaving only with pp > 1 and m
     divisible by pp (Narayanan et al. 2021, sec. 2.2.2); cp at most `max_cp` (None: any); uneven layer
     splits only with `uneven` (Megatron-LM 2021 needed p v to divide L). The micro-batch size b divides
-    floor(B/d). `rejections`, if given, counts what each rule removed."""
+    floor(B/d), at most `max_micro_batch`; `micro_batch`, if given, is the only size tried (it must divide
+    floor(B/d)). `rejections`, if given, counts what each rule removed."""
     rej = rejections if rejections is not None else Rejections()
     n = cluster.gpus
     for tp in divisors(n):
@@ -179,17 +185,22 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
                     rej["dp exceeds the global batch"] += 1
                 else:
                     yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
-                                      max_micro_batch, interleaves, rej, uneven)
+                                      max_micro_batch, interleaves, rej, uneven, micro_batch)
 
 
 def _inner(model: ModelSpec, workload: Workload, dp: int, tp: int, pp: int, cp: int,
            zero_stages: tuple[int, ...], recomputes: tuple[str, ...], max_micro_batch: int,
-           interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True) -> Iterator[Candidate]:
-    """The candidates of one grid (dp, tp, pp, cp): every micro-batch size b, interleaving v, ZeRO stage
-    and recomputation that the rules allow."""
+           interleaves: tuple[int, ...], rej: Rejections, uneven: bool = True, micro_batch: int | None = None
+           ) -> Iterator[Candidate]:
+    """The candidates of one grid (dp, tp, pp, cp): every micro-batch size b (or only `micro_batch`),
+    interleaving v, ZeRO stage and recomputation that the rules allow."""
     share = workload.batch // dp
     fewest = min(shape.stage_layers(model.layers, pp))
-    for b in (d for d in divisors(share) if d <= max_micro_batch):
+    if micro_batch is not None and share % micro_batch:
+        rej["the micro-batch does not divide a replica's share of the batch"] += 1
+        return
+    sizes = [micro_batch] if micro_batch is not None else [d for d in divisors(share) if d <= max_micro_batch]
+    for b in sizes:
         m = share // b
         for v in interleaves:
             if not _can_interleave(v, pp, fewest, m, model.layers, uneven):

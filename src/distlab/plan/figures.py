@@ -31,15 +31,15 @@ def candidates_figure(published: str = "megatron-1t", efficiency: float | None =
     with mpl.rc_context(dict(style.RC)):
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
         for ok, colour, label in ((False, style.FAIL, "does not fit"), (True, style.PASS, "fits")):
-            pts = np.array([(r.time.total, r.memory.total_bytes / 1e9) for r in rows if r.fits == ok])
+            pts = np.array([(r.time.total, r.memory.peak_bytes / 1e9) for r in rows if r.fits == ok])
             if len(pts):
                 ax.scatter(pts[:, 0], pts[:, 1], s=6, color=colour, alpha=0.5, lw=0, label=label)
         kept = [r for r in rows if r.fits]
         if kept:
-            best = min(kept, key=lambda r: (r.time.total, r.memory.total_bytes))
-            ax.scatter([best.time.total], [best.memory.total_bytes / 1e9], marker="D", s=40,
+            best = min(kept, key=lambda r: (r.time.total, r.memory.peak_bytes))
+            ax.scatter([best.time.total], [best.memory.peak_bytes / 1e9], marker="D", s=40,
                        color=style.BLUE, label=f"planner: {best.candidate.label()}")
-        ax.scatter([pub["time"]["total"]], [pub["total_bytes"] / 1e9], marker="*", s=120, color="black",
+        ax.scatter([pub["time"]["total"]], [pub["peak_bytes"] / 1e9], marker="*", s=120, color="black",
                    label=f"published ({run.where})")
         ax.axhline(cluster.memory_bytes / 1e9, color=style.FAIL, ls="--", lw=1)
         ax.set_xscale("log")

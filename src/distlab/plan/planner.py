@@ -1,7 +1,7 @@
 """The planner: evaluate every candidate, keep those that fit, rank them by predicted step time, and set
 a published run beside them.
 
-`evaluate` gives one `Row` per candidate (its memory estimate, whether it fits, its step-time terms);
+`evaluate` gives one `Row` per candidate (its memory estimate, whether its peak fits, its step-time terms);
 `plan` keeps the rows that fit, fastest first, and counts in `Rejections` what each rule and the memory
 filter removed; `pinned` evaluates one configuration given in full; `judge` evaluates a published
 configuration under its stated assumptions beside the reported throughput, and gives the efficiency at
@@ -39,16 +39,18 @@ class Row:
     time: StepTime
 
     def to_dict(self, gpus: int, batch: int | None = None) -> dict[str, Any]:
-        """The row as plain data: the candidate, `fits`, `memory_gb` per GPU, `step_s`, `tflops_per_gpu`
-        (model FLOPs per GPU per second) and every term in seconds."""
+        """The row as plain data: the candidate, `fits`, `memory_gb` per GPU (chapter 7's estimator's peak,
+        the same number as `python -m distlab.memory estimate --json`'s `peak_bytes`), `step_s`,
+        `tflops_per_gpu` (model FLOPs per GPU per second) and every term in seconds."""
         out = {
             **self.candidate.to_dict(),
             "label": self.candidate.label(),
             "fits": self.fits,
-            "memory_gb": self.memory.total_bytes / 1e9,
-            "total_bytes": self.memory.total_bytes,
+            "memory_gb": self.memory.peak_bytes / 1e9,
+            "peak_bytes": self.memory.peak_bytes,
             "memory": {k: self.memory.to_dict()[k] for k in
-                       ("model_states_bytes", "activations_bytes", "total_bytes")},
+                       ("model_states_bytes", "activations_bytes", "total_bytes", "peak_bytes", "peak_phase",
+                        "peak_where", "peak_stage")},
             "step_s": self.time.total,
             "tflops_per_gpu": self.time.tflops_per_gpu(gpus),
             "model_tflops_per_gpu": self.time.tflops_per_gpu(gpus),
@@ -88,7 +90,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, workload: Workload, settings: S
             kept.append(Row(c, m, True, step_time(model, cluster, workload, c, settings)))
         else:
             rej["does not fit in memory"] += 1
-    return sorted(kept, key=lambda r: (round(r.time.total, 9), r.memory.total_bytes, r.candidate.label()))
+    return sorted(kept, key=lambda r: (round(r.time.total, 9), r.memory.peak_bytes, r.candidate.label()))
 
 
 def pinned(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate,
@@ -99,9 +101,9 @@ def pinned(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candid
 
 
 def judge(run: PublishedRun, efficiency: float | None = None) -> dict[str, Any]:
-    """A published run under its assumptions: memory per GPU against HBM, predicted time and TFLOP/s
-    beside the reported ones (`ratio`), and `implied_efficiency`, the eta at which the model's step time
-    matches the report (compute, recomputation and the idle time scale as 1/eta, communication not)."""
+    """A published run under its assumptions: the estimator's peak per GPU against HBM, predicted time and
+    TFLOP/s beside the reported ones (`ratio`), and `implied_efficiency`, the eta at which the model's step
+    time matches the report (compute, recomputation and the idle time scale as 1/eta, communication not)."""
     model, cluster, workload = run.model_spec(), run.cluster(), run.workload(efficiency)
     eta = workload.eta(cluster.gpu)
     r = row(model, cluster, workload, run.candidate(), run.settings)
@@ -115,8 +117,8 @@ def judge(run: PublishedRun, efficiency: float | None = None) -> dict[str, Any]:
     return {
         "name": run.name, "source": run.source, "where": run.where, **run.candidate().to_dict(),
         "gpus": run.gpus, "batch": run.batch, "seq": model.seq,
-        "total_bytes": r.memory.total_bytes, "hbm_bytes": cluster.memory_bytes,
-        "fits": r.fits, "headroom_bytes": cluster.memory_bytes - r.memory.total_bytes,
+        "peak_bytes": r.memory.peak_bytes, "hbm_bytes": cluster.memory_bytes,
+        "fits": r.fits, "headroom_bytes": cluster.memory_bytes - r.memory.peak_bytes,
         "time": t.to_dict(), "efficiency": eta,
         "predicted_tflops_per_gpu": predicted, "published_tflops_per_gpu": run.tflops,
         "ratio": predicted / run.tflops, "counts_recompute": run.counts_recompute,

@@ -60,8 +60,11 @@ from dataclasses import dataclass
 from distlab.plan.candidates import Candidate, Settings
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload, preset
 
-_MEGATRON = Settings(sequence_parallel=False, attention="math", dropout=True, overlap_dp=False)
-_DEEPSPEED = Settings(sequence_parallel=False, attention="math", dropout=True, overlap_dp=True)
+# Adam: Megatron-LM (2021) builds apex's FusedAdam (megatron/optimizer/__init__.py, "from apex.optimizers
+# import FusedAdam as Adam"); DeepSpeed's engine builds its FusedAdam for an "Adam" config on a GPU
+# (deepspeed/runtime/engine.py, _configure_basic_optimizer). Both update in place: no scratch.
+_MEGATRON = Settings(sequence_parallel=False, attention="math", dropout=True, overlap_dp=False, adam="fused")
+_DEEPSPEED = Settings(sequence_parallel=False, attention="math", dropout=True, overlap_dp=True, adam="fused")
 _LLAMA = Settings(sequence_parallel=True, attention="flash", dropout=False, cp_split="zigzag", rounds=5)
 
 

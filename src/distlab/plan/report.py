@@ -16,7 +16,7 @@ TERM_HEADS = {"compute": "compute s", "recompute": "recomp s", "bubble": "bubble
 def _cells(r: dict[str, Any]) -> list[Any]:
     t = r["time"]
     return [r["dp"], r["tp"], r["pp"], r["cp"], r["zero"], r["recompute"], r["micro_batch"], r["interleave"],
-            f"{r['total_bytes'] / 1e9:.1f}", *(f"{t[k]:.3g}" for k in TERMS), f"{t['total']:.3g}",
+            f"{r['peak_bytes'] / 1e9:.1f}", *(f"{t[k]:.3g}" for k in TERMS), f"{t['total']:.3g}",
             f"{r['tflops_per_gpu']:.0f}"]
 
 
@@ -64,11 +64,11 @@ def published_markdown() -> str:
 def judged_markdown(efficiency: float | None = None) -> str:
     """Each published run judged by the planner (`planner.judge`): GB per GPU against its HBM, predicted
     TFLOP/s per GPU beside the reported figure, their ratio, and the efficiency the report implies."""
-    lines = ["| run | assumed ZeRO, recompute, v | GB per GPU (of HBM) | fits | predicted TFLOP/s per GPU | "
-             "reported | ratio | implied efficiency |", "|" + " --- |" * 8]
+    lines = ["| run | assumed ZeRO, recompute, v | peak GB per GPU (of HBM) | fits | predicted TFLOP/s per "
+             "GPU | reported | ratio | implied efficiency |", "|" + " --- |" * 8]
     for r in RUNS:
         j = judge(r, efficiency)
-        lines.append(f"| {r.name} | {r.zero}, {r.recompute}, {r.interleave} | {j['total_bytes'] / 1e9:.0f} "
+        lines.append(f"| {r.name} | {r.zero}, {r.recompute}, {r.interleave} | {j['peak_bytes'] / 1e9:.0f} "
                      f"({j['hbm_bytes'] / 1e9:.0f}) | {'yes' if j['fits'] else 'no'} | "
                      f"{j['predicted_tflops_per_gpu']:.0f} | {r.tflops:g} | {j['ratio']:.2f} | "
                      f"{j['implied_efficiency']:.2f} |")
