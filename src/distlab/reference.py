@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distlab import models, sharding
@@ -91,8 +91,8 @@ class Task:
         loss = self.loss(model, x[mine], y[mine])
         n_r, n = self.terms(y[mine]), self.terms(y)
         if n_r == 0:
-            raise ValueError(f"rank {rank}'s rows {mine.start}..{mine.stop - 1} of the batch of {len(x)} have "
-                             "no target that counts (all ignored), so its mean loss is 0/0; give every rank "
+            raise ValueError(f"rank {rank}'s rows {mine.start}..{mine.stop - 1} of the batch of {len(x)} "
+                             "have no target that counts (all ignored), so its mean loss is 0/0; give every rank "
                              "a counted target or fewer ranks")
         return loss if n_r * world == n else loss * (world * n_r / n)
 
