@@ -92,8 +92,8 @@ class Task:
         n_r, n = self.terms(y[mine]), self.terms(y)
         if n_r == 0:
             raise ValueError(f"rank {rank}'s rows {mine.start}..{mine.stop - 1} of the batch of {len(x)} "
-                             "have no target that counts (all ignored), so its mean loss is 0/0; give every rank "
-                             "a counted target or fewer ranks")
+                             "have no target that counts (all ignored), so its mean loss is 0/0; give "
+                             "every rank a counted target or use fewer ranks")
         return loss if n_r * world == n else loss * (world * n_r / n)
 
     def shard_backward(self, model: nn.Module, x: Tensor, y: Tensor, rank: int, world: int) -> Tensor:
