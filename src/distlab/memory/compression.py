@@ -28,10 +28,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-from distlab import sharding
 from distlab.comm_log import comm_log, where
-from distlab.memory.zero.parity import GLOBAL_BATCH, SEED, group_mean
-from distlab.reference import Task, mlp_task
+from distlab.memory.zero.parity import GLOBAL_BATCH, SEED
+from distlab.reference import Task, group_mean, mlp_task
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 
@@ -225,9 +224,7 @@ def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: in
     loss = torch.zeros(())
     for step in range(steps):
         x, y = task.batch(step, GLOBAL_BATCH, SEED)
-        mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
         opt.zero_grad()
-        loss = task.loss(ddp, x[mine], y[mine])
-        loss.backward()
+        loss = task.shard_backward(ddp, x, y, dist.get_rank(), dist.get_world_size())
         opt.step()
     return loss
