@@ -30,7 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from distlab.comm_log import comm_log, where
 from distlab.memory.zero.parity import GLOBAL_BATCH, SEED
-from distlab.reference import Task, group_mean, mlp_task
+from distlab.reference import Task, group_mean, mlp_task, train_reference
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 
@@ -60,20 +60,13 @@ def compression_task() -> Task:
 
 def train_curve(optimizer: str, task: Task | None = None, steps: int = 60, lr: float = 1e-2) -> list[float]:
     """One process: the loss at every step of training `task` (default: `compression_task`) with
-    `optimizer`."""
+    `optimizer` (the course's single-process loop, `reference.train_reference`)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
     task = task or compression_task()
     model = task.build(SEED)
     opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        loss = task.loss(model, *task.batch(step, GLOBAL_BATCH, SEED))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return train_reference(model, task.batches(steps, GLOBAL_BATCH, SEED), task.loss, opt).losses
 
 
 # ---------------------------------------------------------------- PowerSGD, our own
