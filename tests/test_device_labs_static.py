@@ -4,8 +4,8 @@ NCCL refuses. This reads every lab's code cells, finds the functions handed to `
 and lists each tensor constructor inside them that names no device and is not moved with `.to(...)` /
 `.cuda()` right away.
 
-The labs listed in KNOWN still have such calls and are owned by their chapters' work (issue 34 names
-the fix); the test fails on any other lab, and on a known lab whose list grows, so the set only shrinks.
+KNOWN lists the labs that still have such calls (none now: labs 00, 06 and 10 were the last); the test
+fails on any other lab, and on a known lab whose list grows, so the set only shrinks.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "randint", "aran
              "eye", "randperm"}
 MOVES = {"to", "cuda"}
 # lab -> the rank functions with calls still to fix (a device= or a .to(launch.device()) each)
-KNOWN = {"00_when_a_run_fails": {"check_batch", "out_of_memory", "extra_collective"},
-         "06_moe": {"on_rank"}, "10_context_parallel": {"on_ranks"}}
+KNOWN: dict[str, set[str]] = {}
 
 
 def _code(lab: Path) -> str:
