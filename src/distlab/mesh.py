@@ -24,7 +24,8 @@ axes into one group (DeviceMesh flattening), and `dp_cp_group` is the one the lo
 gradients are reduced over once the sequence is split too (context parallelism): dp x cp.
 
 `layout` computes the same grid without any process group, for pictures, exercises and tests.
-`group_rank` and `group_size` are what every chapter asks of the group it was given.
+`group_rank` and `group_size` are what every chapter asks of the group it was given. `mesh_axes` names a
+mesh's axes, and `require_axes` is the course's one "is this axis in the mesh" check and message.
 """
 
 from __future__ import annotations
