@@ -11,8 +11,6 @@ them to `cost_model.cp_attention_time`.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,6 +22,7 @@ from distlab.context_parallel import cost_model
 from distlab.context_parallel.ring import ring_attention
 from distlab.context_parallel.ulysses import ulysses_attention
 from distlab.mesh import group_rank, group_size
+from distlab.timing import median_seconds
 
 SCHEMES = ("ring", "ulysses")
 
@@ -31,17 +30,7 @@ SCHEMES = ("ring", "ulysses")
 def _median_time(step: Callable[[], None], repeats: int, group: dist.ProcessGroup | None) -> float:
     """Median seconds of `step` over `repeats` runs, each started together after a barrier (the slowest
     rank's time: what the next layer waits for)."""
-    times = []
-    for _ in range(repeats):
-        if group_size(group) > 1:
-            dist.barrier(group=group)
-        t0 = time.perf_counter()
-        step()
-        t = torch.tensor([time.perf_counter() - t0])
-        if group_size(group) > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        times.append(t.item())
-    return statistics.median(times)
+    return median_seconds(step, repeats, warmup=0, group=group, barrier=True, over_ranks="max")
 
 
 def _calibrate(s: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype,
