@@ -234,3 +234,12 @@ def test_relative_and_function_level_imports_are_seen(tmp_path):
     known = {"distlab.collectives.ring", "distlab.mesh", "distlab.topology", "distlab.collectives.x"}
     got = imports_of("distlab.collectives.x", source, known)
     assert got == {"distlab.collectives.ring", "distlab.mesh", "distlab.topology"}
+
+
+def test_contributing_lists_the_ground_floor_and_the_roof():
+    """CONTRIBUTING.md's house section names every file of both lists (a new one is described there)."""
+    text = (SRC.parent / "CONTRIBUTING.md").read_text()
+    house = text[text.index("### The house"):text.index("<!-- chapters.py: packages")]
+    missing = [name for name in sorted((GROUND | ROOF) - {"__init__"})
+               if f"`{name}.py`" not in house and f"`{name}/`" not in house]
+    assert not missing, f"CONTRIBUTING.md's house section does not describe {missing}"
