@@ -26,6 +26,7 @@ phases of one step apart (a forward, then the backward of what it returned).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -108,24 +109,33 @@ def phase_seconds(phases: Sequence[Callable[[], object]], repeats: int, *, warmu
     _check_count("warmup", warmup, 0)
     if over_ranks is not None:
         _check_over_ranks(over_ranks)
-    sync = sync or (lambda: None)
     ranks = dist.is_initialized() and dist.get_world_size(group) > 1
     times = []
     for i in range(warmup + repeats):
-        sync()
-        if barrier and ranks:
-            dist.barrier(group=group)
-        marks = [time.perf_counter()]
-        for phase in phases:
-            phase()
-            sync()
-            marks.append(time.perf_counter())
+        row = _timed_step(phases, sync or (lambda: None), group if barrier and ranks else _NO_BARRIER)
         if after is not None:
             after()
         if i >= warmup:
-            row = [b - a for a, b in zip(marks, marks[1:], strict=False)]
             times.append(_over_ranks(row, over_ranks, group) if over_ranks and ranks else row)
     return times
+
+
+_NO_BARRIER = object()  # for `_timed_step`: start without a barrier (None is the world's group)
+
+
+def _timed_step(phases: Sequence[Callable[[], object]], sync: Callable[[], object],
+                barrier: object) -> list[float]:
+    """One step of `phase_seconds`: sync, the barrier of group `barrier` (unless _NO_BARRIER), then each
+    phase and a sync; the seconds of each phase."""
+    sync()
+    if barrier is not _NO_BARRIER:
+        dist.barrier(group=barrier)  # type: ignore[arg-type]
+    marks = [time.perf_counter()]
+    for phase in phases:
+        phase()
+        sync()
+        marks.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(marks)]
 
 
 def _over_ranks(row: list[float], over_ranks: str, group: dist.ProcessGroup | None) -> list[float]:
