@@ -4,6 +4,10 @@
   with `models.MLP`) and `gpt_task` (next-character prediction with `models.GPT`). `task.batches(steps,
   global_batch, seed)` draws each step's global batch with `sharding.batch_indices`, the same draw every
   rank makes before it keeps its shard.
+- `Task.shard_loss(model, x, y, rank, world)`: a rank's share of the global batch's mean loss, the one
+  data-parallel step on a rank (`shard_backward` adds the backward); `group_mean(loss, group)` averages
+  it over the ranks for the log. The group's average of the shares and of their gradients is the mean
+  loss of the whole batch and its gradient, uneven shards and ignored targets included.
 - `SGD`: stochastic gradient descent, with momentum, written out (torch.optim.SGD's update).
 - `train_reference(model, batches, loss, optimizer)`: the one single-process loop. One process, the whole
   global batch at every step, any optimizer with `zero_grad()` and `step()`; it records the loss of every
@@ -22,24 +26,38 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distlab import models, sharding
 
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+IGNORE_INDEX = -100  # the target F.cross_entropy leaves out of its mean by default
+
+
+def count_rows(y: Tensor) -> int:
+    """The terms a per-example mean loss averages over: one per example (row) of `y`."""
+    return len(y)
+
+
+def count_tokens(y: Tensor) -> int:
+    """The terms a token-mean cross-entropy averages over: the targets that are not `IGNORE_INDEX`."""
+    return int((y != IGNORE_INDEX).sum())
 
 
 @dataclass
 class Task:
     """A model to build and the data to train it on: `inputs[i]` and `targets[i]` are example i, and
-    `loss(model, x, y)` is the mean loss over a batch. `build(seed)` seeds torch and builds the model."""
+    `loss(model, x, y)` is the mean loss over a batch, a mean of `terms(y)` terms (`count_rows`, or
+    `count_tokens` for a language model). `build(seed)` seeds torch and builds the model."""
 
     name: str
     make_model: Callable[[], nn.Module]
     inputs: Tensor
     targets: Tensor
     loss: LossFn
+    terms: Callable[[Tensor], int] = count_rows
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.targets) or len(self.inputs) == 0:
@@ -61,6 +79,29 @@ class Task:
     def batches(self, steps: int, global_batch: int, seed: int) -> list[tuple[Tensor, Tensor]]:
         """The global batches of steps 0 .. steps - 1."""
         return [self.batch(step, global_batch, seed) for step in range(steps)]
+
+    def shard_loss(self, model: nn.Module, x: Tensor, y: Tensor, rank: int, world: int) -> Tensor:
+        """Rank `rank`'s share of the mean loss of the global batch (x, y), among `world` ranks: the mean
+        loss on its rows `sharding.uneven_shard(len(x), rank, world)`, times world n_r / n, where n_r and n
+        are the terms (`terms`) on its rows and in the whole batch. The average over the ranks of these
+        shares, and of their gradients (what every data-parallel all-reduce computes), is the batch's mean
+        loss and its gradient (Li et al. 2020, "PyTorch Distributed", sec. 3.1). With equal shares
+        (n_r = n / world, the usual case) the factor is 1 and the share is the rows' mean loss itself."""
+        mine = sharding.uneven_shard(len(x), rank, world)
+        loss = self.loss(model, x[mine], y[mine])
+        n_r, n = self.terms(y[mine]), self.terms(y)
+        if n_r == 0:
+            raise ValueError(f"rank {rank}'s rows {mine.start}..{mine.stop - 1} of the batch of {len(x)} "
+                             "have no target that counts (all ignored), so its mean loss is 0/0; give "
+                             "every rank a counted target or use fewer ranks")
+        return loss if n_r * world == n else loss * (world * n_r / n)
+
+    def shard_backward(self, model: nn.Module, x: Tensor, y: Tensor, rank: int, world: int) -> Tensor:
+        """`shard_loss`, then its backward: the one data-parallel step on a rank before the gradients
+        are averaged; returns the share (`group_mean` of it is the batch's mean loss)."""
+        loss = self.shard_loss(model, x, y, rank, world)
+        loss.backward()
+        return loss
 
 
 def mse_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
@@ -89,7 +130,16 @@ def gpt_task(n_layer: int = 2, n_embd: int = 32, block_size: int = 16, n: int = 
     config = models.GPTConfig(vocab_size=tok.vocab_size, block_size=block_size, n_layer=n_layer,
                               n_head=n_head, n_embd=n_embd, bias=bias)
     x, y = models.get_batch(tok.encode(text), block_size, n, torch.Generator().manual_seed(seed))
-    return Task(f"GPT(n_layer={n_layer}, n_embd={n_embd})", lambda: models.GPT(config), x, y, lm_loss)
+    return Task(f"GPT(n_layer={n_layer}, n_embd={n_embd})", lambda: models.GPT(config), x, y, lm_loss,
+                count_tokens)
+
+
+def group_mean(value: Tensor, group: dist.ProcessGroup | None = None) -> float:
+    """The mean of a scalar over the ranks of `group` (None: the whole world), one all-reduce of a copy:
+    of `Task.shard_loss` shares, the global batch's mean loss (for the log; it leaves `value` alone)."""
+    t = value.detach().clone().reshape(1)
+    dist.all_reduce(t, group=group)
+    return t.item() / dist.get_world_size(group)
 
 
 class SGD:

@@ -8,13 +8,15 @@ or one dim of a mesh, `mesh["dp"].get_group()`), and "rank r" below is a positio
    then `check_replicas_identical` proves it (a hash of every parameter, all-gathered in the group);
 2. at step t every rank draws the same global batch of B indices (`sharding.batch_indices`) and keeps its
    own B/p of them (`sharding.shard`, by its position in the group);
-3. forward and backward on that shard give the gradient of the shard's mean loss;
+3. forward and backward on that shard give the gradient of the shard's mean loss (`Task.shard_loss`, the
+   course's one step on a rank);
 4. a gradient-sync strategy from `sync` averages the gradients over the ranks: now every rank holds the
    gradient of the mean loss over the whole batch of B;
 5. every rank takes the same optimizer step from the same weights and so ends with the same weights.
 
-With `accumulation_steps` k, step 3 runs k times on micro-batches of B/(p k), with each loss divided by k
-and the first k-1 backward passes inside `no_sync`: only the last one communicates.
+With `accumulation_steps` k, step 3 runs k times on micro-batches of B/(p k) (micro-batch j of rank r is
+shard r k + j of p k), with each loss divided by k and the first k-1 backward passes inside `no_sync`:
+only the last one communicates.
 
 The `Task` (a model, its data and its loss), the `SGD` optimizer and the single-process loop come from the
 ground floor, `distlab.reference`: `train_single_process` is that loop on a task's global batches.
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab import launch, sharding
+from distlab import launch
 from distlab.data_parallel.buckets import DEFAULT_BUCKET_BYTES, check_bucket_bytes
 from distlab.data_parallel.sync import STRATEGIES, check_strategy, group_size_and_rank, make_strategy
 from distlab.reference import SGD, Task, train_reference
@@ -140,7 +142,7 @@ def train_data_parallel(task: Task, strategy: str = "overlapped", steps: int = 4
     check_strategy(strategy, (*STRATEGIES, "ddp"))
     check_training(task, steps, global_batch, lr)
     p, r = group_size_and_rank(group)
-    micro = check_batch(global_batch, p, accumulation_steps)
+    check_batch(global_batch, p, accumulation_steps)
     check_bucket_bytes(bucket_bytes)
     dev = launch.device()
     model = (model if model is not None else task.build(seed)).to(dev)
@@ -155,15 +157,13 @@ def train_data_parallel(task: Task, strategy: str = "overlapped", steps: int = 4
         net, sync = model, make_strategy(strategy, model, bucket_bytes, group=group)
         no_sync = sync.no_sync
     optimizer = make_optimizer(model, lr)
+    k_steps = accumulation_steps
     for step in range(steps):
-        idx = sharding.batch_indices(len(task), global_batch, step, seed)[sharding.shard(global_batch, r, p)]
+        x, y = (t.to(dev) for t in task.batch(step, global_batch, seed))
         optimizer.zero_grad(set_to_none=True)
-        for k in range(accumulation_steps):
-            part = idx[k * micro:(k + 1) * micro]
-            last = k == accumulation_steps - 1
-            with nullcontext() if last else no_sync():
-                loss = task.loss(net, task.inputs[part].to(dev), task.targets[part].to(dev))
-                (loss / accumulation_steps).backward()
+        for k in range(k_steps):  # micro-batch k of rank r: shard r k_steps + k of p k_steps
+            with nullcontext() if k == k_steps - 1 else no_sync():
+                (task.shard_loss(net, x, y, r * k_steps + k, p * k_steps) / k_steps).backward()
         if sync is not None:
             sync.finish()
         optimizer.step()

@@ -1,9 +1,10 @@
 """HSDP and the healing replicas against one process (`distlab.reference`), in `distlab.parity`'s words.
 
 `train_hsdp` runs inside the ranks: HSDP(R, S) on `grid(dp_replicate=R, dp_shard=S)`, each rank on its
-slice of every global batch (rank r*S + s takes slice r*S + s of R*S), the course's SGD with momentum;
-it returns the losses (averaged over all ranks), the whole parameters after the last step and the bytes
-`comm_log` counted in each axis during one step. `reference_run` trains the same task on one process.
+slice of every global batch (rank r*S + s takes slice r*S + s of R*S: `Task.shard_backward`), the
+course's SGD with momentum; it returns the losses (averaged over all ranks, `reference.group_mean`), the
+whole parameters after the last step and the bytes `comm_log` counted in each axis during one step.
+`reference_run` trains the same task on one process.
 `survivors_reference` is what the run with a killed replica must equal: one process whose batch at each
 step is the union of the slices of the replicas in that step's quorum (`replicas.ReplicaLog.members`).
 
@@ -36,11 +37,9 @@ def train_hsdp(task: reference.Task, replicate: int, shard: int, steps: int, glo
     losses, step_bytes = [], {}
     for step in range(steps):
         x, y = task.batch(step, global_batch, seed)
-        mine = sharding.shard(len(x), rank, world)
         optimizer.zero_grad()
         with comm_log(mesh=mesh) as log:
-            loss = task.loss(model, x[mine], y[mine])
-            loss.backward()
+            loss = task.shard_backward(model, x, y, rank, world)
             replica_all_reduce_(model, mesh[REPLICATE].get_group())
         optimizer.step()
         if step == 0:
@@ -48,9 +47,7 @@ def train_hsdp(task: reference.Task, replicate: int, shard: int, steps: int, glo
                           "replicate_B": log.bytes(axis=REPLICATE, op="all_reduce"),
                           "shard_sent": log.sent_bytes(axis=SHARD, op=("all_gather", "reduce_scatter")),
                           "replicate_sent": log.sent_bytes(axis=REPLICATE, op="all_reduce")}
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
+        losses.append(reference.group_mean(loss))
     return {"losses": losses, "params": fsdp.full_parameters(model), "bytes": step_bytes,
             "units": [[tuple(w.shape) for w in u.full] for u in fsdp._units(model)]}
 
@@ -77,8 +74,8 @@ def survivors_batches(task: reference.Task, members: list[tuple[int, ...]], per_
     out = []
     for step, quorum in enumerate(members):
         x, y = task.batch(step, replicas * per_replica, seed)
-        rows = torch.cat([torch.arange(i * per_replica, (i + 1) * per_replica) for i in sorted(quorum)])
-        out.append((x[rows], y[rows]))
+        rows = [sharding.shard(len(x), i, replicas) for i in sorted(quorum)]
+        out.append((torch.cat([x[r] for r in rows]), torch.cat([y[r] for r in rows])))
     return out
 
 

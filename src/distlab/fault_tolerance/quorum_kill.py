@@ -27,7 +27,6 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
-from distlab import sharding
 from distlab.reference import SGD, mlp_task
 
 
@@ -65,9 +64,8 @@ def replica(lighthouse: str, kill_at: int, victim: int, steps: int, kill_file: s
             start = time.time()
             manager.start_quorum()
             x, y = task.batch(attempt, 12, 0)
-            mine = sharding.shard(len(x), me % 3, 3)
             opt.zero_grad()
-            task.loss(model, x[mine], y[mine]).backward()
+            task.shard_backward(model, x, y, me % 3, 3)
             if me == victim and manager.current_step() == kill_at:
                 Path(kill_file).write_text(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)

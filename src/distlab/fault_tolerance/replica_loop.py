@@ -4,7 +4,7 @@
 A `Recipe` names the method and its settings: "dp" (data parallelism: the gradients averaged every step,
 chapter 2's `all_reduce_bucket`), "local_sgd", "diloco", "streaming" (section 3's classes) or "powersgd"
 (chapter 7's PowerSGD as a DDP communication hook; ranks only). At step s every replica r takes its shard
-`sharding.shard(B, r, R)` of the global batch `task.batch(s, B, seed)`.
+`sharding.shard(B, r, R)` of the global batch `task.batch(s, B, seed)` (`Task.shard_backward`).
 
 `simulate` is the reference the ranks are compared with: R models in one process, written out without
 process groups, without `OuterSync` and without `OuterNesterov` (the outer step is spelled out again), so
@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab import sharding
 from distlab.comm_log import comm_log
 from distlab.data_parallel.buckets import all_reduce_bucket
 from distlab.fault_tolerance.diloco import DiLoCo
@@ -124,16 +123,14 @@ def make_trainer(recipe: Recipe, model: nn.Module, inner: Optimizer,
 
 def train_shards(task: Task, steps: int, global_batch: int, seed: int, group: dist.ProcessGroup | None,
                  model: nn.Module, inner: Optimizer, step: Callable[[], None]) -> list[float]:
-    """The data loop every replica runs on ranks: at step s, this rank's shard `sharding.shard(B, r, R)` of
-    `task.batch(s, B, seed)`, forward through `model`, backward, then `step()` (the method's trainer, or
-    `inner.step`); the losses on the shard."""
+    """The data loop every replica runs on ranks: at step s, this rank's shard of `task.batch(s, B, seed)`,
+    forward through `model` and backward (`Task.shard_backward`), then `step()` (the method's trainer,
+    or `inner.step`); the losses on the shard."""
     p, rank, losses = dist.get_world_size(group), dist.get_rank(group), []
     for s in range(steps):
         x, y = task.batch(s, global_batch, seed)
-        mine = sharding.shard(len(x), rank, p)
         inner.zero_grad(set_to_none=True)
-        loss = task.loss(model, x[mine], y[mine])
-        loss.backward()
+        loss = task.shard_backward(model, x, y, rank, p)
         step()
         losses.append(loss.item())
     return losses
@@ -219,11 +216,8 @@ def _backward_on_shards(task: Task, models: list[nn.Module], inners: list[Optimi
     replica's loss to losses[r]."""
     x, y = task.batch(s, global_batch, seed)
     for r, (model, inner) in enumerate(zip(models, inners, strict=True)):
-        mine = sharding.shard(len(x), r, len(models))
         inner.zero_grad(set_to_none=True)
-        loss = task.loss(model, x[mine], y[mine])
-        loss.backward()
-        losses[r].append(loss.item())
+        losses[r].append(task.shard_backward(model, x, y, r, len(models)).item())
 
 
 def _outer_steps(recipe: Recipe, s: int, offsets: list[int], models: list[nn.Module],

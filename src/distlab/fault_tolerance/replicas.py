@@ -264,13 +264,11 @@ def _heal_or_send(pg: dist.ProcessGroup, q: Quorum, me: int, model: nn.Module, o
 
 def _backward_on_slice(task: reference.Task, c: ReplicaConfig, me: int, step: int, model: nn.Module,
                        optimizer: reference.SGD) -> torch.Tensor:
-    """This replica's rows of the step's batch: forward, backward; the loss on them."""
+    """This replica's rows of the step's batch (slice `me` of `replicas`): forward, backward
+    (`Task.shard_backward`); the loss on them."""
     x, y = task.batch(step, c.replicas * c.per_replica, c.seed)
-    rows = slice(me * c.per_replica, (me + 1) * c.per_replica)
     optimizer.zero_grad()
-    loss = task.loss(model, x[rows], y[rows])
-    loss.backward()
-    return loss
+    return task.shard_backward(model, x, y, me, c.replicas)
 
 
 def run_replicas(task: reference.Task, config: ReplicaConfig, deadline: float = 120.0

@@ -39,12 +39,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from distlab import launch, sharding
+from distlab import launch
 from distlab.cli_types import positive_int
 from distlab.memory.zero import ShardedOptimizer, ZeRO, default_units
 from distlab.memory.zero.fsdp import fully_shard as zero_fully_shard
-from distlab.memory.zero.parity import GLOBAL_BATCH, LR, SEED, RunResult, group_mean, zero_task
-from distlab.reference import Task
+from distlab.memory.zero.parity import GLOBAL_BATCH, LR, SEED, RunResult, zero_task
+from distlab.reference import Task, group_mean
 from distlab.timing import time_interleaved
 
 CONTENDERS = ("zero1", "sharded1", "sharded2", "zero_redundancy", "zero3", "sharded3", "fsdp2")
@@ -70,6 +70,7 @@ class _Runner:
         if kind not in CONTENDERS:
             raise ValueError(f"kind={kind!r} is unknown; choose one of {', '.join(CONTENDERS)}")
         self.kind, self.task = kind, task
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.model = task.build(SEED)
         self.net: nn.Module = self.model
         self.engine: ZeRO | None = None
@@ -94,27 +95,21 @@ class _Runner:
             self.optimizer = _adamw(self.model.parameters())
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One training step on this rank's batch; returns the local loss."""
+        """One training step on this rank's rows of the global batch (x, y) (`Task.shard_backward`);
+        returns this rank's share of the loss."""
         if self.engine is not None:
             self.engine.zero_grad()
         else:
             self.optimizer.zero_grad()
-        loss = self.task.loss(self.net, x, y)
-        loss.backward()
+        loss = self.task.shard_backward(self.net, x, y, self.rank, self.world)
         (self.engine or self.optimizer).step()
         return loss
-
-
-def _my_batch(task: Task, step: int, group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = task.batch(step, GLOBAL_BATCH, SEED)
-    mine = sharding.shard(len(x), dist.get_rank(group), dist.get_world_size(group))
-    return x[mine], y[mine]
 
 
 def train_builtin(kind: str, task: Task, steps: int = 4, group: dist.ProcessGroup | None = None) -> RunResult:
     """Inside the ranks: train `task` with contender `kind` and return its losses (global means)."""
     runner = _Runner(kind, task, group)
-    losses = [group_mean(runner.step(*_my_batch(task, s, group)), group) for s in range(steps)]
+    losses = [group_mean(runner.step(*task.batch(s, GLOBAL_BATCH, SEED)), group) for s in range(steps)]
     return RunResult(losses, {})
 
 
@@ -125,7 +120,7 @@ def measure_rounds(kinds: Sequence[str] = CONTENDERS, steps: int = 3, rounds: in
     if threads is not None:
         torch.set_num_threads(threads)
     task = task or bench_task()
-    x, y = _my_batch(task, 0, group)
+    x, y = task.batch(0, GLOBAL_BATCH, SEED)
     runners = [_Runner(k, task, group) for k in kinds]
     times = time_interleaved([functools.partial(r.step, x, y) for r in runners], steps, rounds, warmup=WARMUP,
                              group=group, device=torch.device("cpu"))  # every contender runs on the CPU

@@ -28,10 +28,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-from distlab import sharding
 from distlab.comm_log import comm_log, where
-from distlab.memory.zero.parity import GLOBAL_BATCH, SEED, group_mean
-from distlab.reference import Task, mlp_task
+from distlab.memory.zero.parity import GLOBAL_BATCH, SEED
+from distlab.reference import Task, group_mean, mlp_task, train_reference
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adafactor": torch.optim.Adafactor}
 
@@ -61,20 +60,13 @@ def compression_task() -> Task:
 
 def train_curve(optimizer: str, task: Task | None = None, steps: int = 60, lr: float = 1e-2) -> list[float]:
     """One process: the loss at every step of training `task` (default: `compression_task`) with
-    `optimizer`."""
+    `optimizer` (the course's single-process loop, `reference.train_reference`)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
     task = task or compression_task()
     model = task.build(SEED)
     opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        loss = task.loss(model, *task.batch(step, GLOBAL_BATCH, SEED))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return train_reference(model, task.batches(steps, GLOBAL_BATCH, SEED), task.loss, opt).losses
 
 
 # ---------------------------------------------------------------- PowerSGD, our own
@@ -225,9 +217,7 @@ def _train_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, task: Task, steps: in
     loss = torch.zeros(())
     for step in range(steps):
         x, y = task.batch(step, GLOBAL_BATCH, SEED)
-        mine = sharding.shard(len(x), dist.get_rank(), dist.get_world_size())
         opt.zero_grad()
-        loss = task.loss(ddp, x[mine], y[mine])
-        loss.backward()
+        loss = task.shard_backward(ddp, x, y, dist.get_rank(), dist.get_world_size())
         opt.step()
     return loss

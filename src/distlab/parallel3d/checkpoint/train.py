@@ -7,7 +7,9 @@ chapter 7's ZeRO in one of its two forms (`TrainConfig.optimizer`): the engine w
 (`"engine"`, state through `checkpoint.zero_state`), or `ShardedOptimizer` around `torch.optim.Adam`
 (`"sharded"`, state through its state dicts, `checkpoint.sharded_state`). The data are random tokens
 cut by `distlab.sharding` (the global batch of step t is a function of the seed and t alone), so "where
-in the data are we" is the step number and nothing else has to be saved for it.
+in the data are we" is the step number and nothing else has to be saved for it. A rank's step is the
+course's one (`reference.Task.shard_backward` on `checkpoint_task`, the loss averaged over dp by
+`reference.group_mean`), and the reference the course's one loop (`reference.train_reference`).
 
 Every mesh trains the same dense model on the same global batch: the dp ranks average their gradients
 (ZeRO's reduce-scatter), the tp ranks hold slices of each matrix (Shoeybi et al. 2019, sec. 3). So the
@@ -28,7 +30,8 @@ from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint.contract import ShardedParam, tp_split
 from distlab.parallel3d.checkpoint.sharded_state import load_sharded_optimizer_state, sharded_optimizer_state
 from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
-from distlab.sharding import batch_indices, shard
+from distlab.reference import Task, count_tokens, group_mean, lm_loss, train_reference
+from distlab.sharding import batch_indices
 from distlab.tensor_parallel.model import ParallelGPT
 
 OPTIMIZERS = ("engine", "sharded")
@@ -78,6 +81,15 @@ def dense_model(cfg: TrainConfig) -> GPT:
     return GPT(cfg.gpt()).double()
 
 
+def checkpoint_task(cfg: TrainConfig) -> Task:
+    """The runs' model and data as the course's `reference.Task`: `dense_model`, the sequences of
+    `dataset` cut into inputs and next-token targets, the mean cross-entropy (`task.batch(t,
+    cfg.batch_size, cfg.seed)` is `global_batch(cfg, dataset(cfg), t)`)."""
+    data = dataset(cfg)
+    return Task("checkpointed GPT", lambda: dense_model(cfg), data[:, :-1], data[:, 1:], lm_loss,
+                count_tokens)
+
+
 class Trainer:
     """The model and ZeRO optimizer of one rank on a mesh with dims "dp" and "tp" (either may be 1).
 
@@ -101,21 +113,18 @@ class Trainer:
         else:
             self.zero = ZeRO(self.model, cfg.zero_stage, group=self.dp_group, lr=cfg.lr)
         self.data = dataset(cfg).to(device)
+        self.task = checkpoint_task(cfg)
         self.step = 0
 
     def train_step(self) -> float:
         """One step on this rank's slice of the global batch; the loss averaged over dp."""
         x, y = global_batch(self.cfg, self.data, self.step)
-        part = shard(self.cfg.batch_size, self.dp_rank, self.dp)
-        _, loss = self.model(x[part], y[part])
-        loss.backward()
+        loss = self.task.shard_backward(self.model, x, y, self.dp_rank, self.dp)
         optimizer = self.opt or self.zero
         optimizer.step()
         optimizer.zero_grad()
         self.step += 1
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=self.dp_group)
-        return total.item() / self.dp
+        return group_mean(loss, self.dp_group)
 
     def params(self) -> list[ShardedParam]:
         """The contract: every local parameter with its dense name and its tp split."""
@@ -142,15 +151,10 @@ def reference_losses(cfg: TrainConfig, steps: int) -> list[float]:
 
 
 def reference_run(cfg: TrainConfig, steps: int) -> tuple[list[float], dict[str, Tensor]]:
-    """`reference_losses`, and the dense parameters after the last step (by name)."""
-    model, data = dense_model(cfg), dataset(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    losses = []
-    for t in range(steps):
-        x, y = global_batch(cfg, data, t)
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
+    """`reference_losses`, and the dense parameters after the last step (by name): the course's one
+    single-process loop, `reference.train_reference`, on `checkpoint_task`."""
+    task = checkpoint_task(cfg)
+    model = task.build(cfg.seed)
+    run = train_reference(model, task.batches(steps, cfg.batch_size, cfg.seed), task.loss,
+                          torch.optim.Adam(model.parameters(), lr=cfg.lr))
+    return run.losses, run.params
