@@ -148,8 +148,12 @@ clean:
 	rm -rf _build book/figures .pytest_cache .ruff_cache
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 
-# On a GPU node: `pytest -m gpu` (every chapter on NCCL at world size 1 and one rank per GPU, gloo over CUDA
-# tensors, chapter 7's measured peak), then the bandwidths; one report (JSON + text) in assets/gpu/. Exits
-# non-zero on any failure; without CUDA it says it found no GPU and exits 0 (src/distlab/gpu_check/).
+# On a GPU node: `pytest -m gpu` (every chapter on NCCL at world size 1 and one rank per GPU, several ranks
+# sharing cuda:0 on gloo, chapter 7's measured peak); every lab under nbval in two modes, "gpus" (NCCL with a
+# GPU per rank where the node has enough, else gloo on the CPU) and "shared" (CUDA_VISIBLE_DEVICES=0 and
+# DISTLAB_DEVICE=cuda: every rank's tensors on cuda:0, gloo between them); then the measurements; one report
+# (JSON + text) in assets/gpu/. A one-GPU report proves the device code, not NCCL between GPUs
+# (book/gpu-node.md). Exits non-zero on any failure; without CUDA it says it found no GPU and exits 0
+# (src/distlab/gpu_check/).
 gpu-check: $(STAMP)
 	$(BIN)/python -m distlab.gpu_check

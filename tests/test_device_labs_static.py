@@ -4,8 +4,10 @@ NCCL refuses. This reads every lab's code cells, finds the functions handed to `
 and lists each tensor constructor inside them that names no device and is not moved with `.to(...)` /
 `.cuda()` right away.
 
-The labs listed in KNOWN still have such calls and are owned by their chapters' work (issue 34 names
-the fix); the test fails on any other lab, and on a known lab whose list grows, so the set only shrinks.
+KNOWN lists the labs that still have such calls (none now: labs 00, 06 and 10 were the last); the test
+fails on any other lab, and on a known lab whose list grows, so the set only shrinks. It also lists a
+device mesh built on the literal "cpu" inside a rank function that may run under NCCL (one whose launches
+do not all name backend="gloo"): lab 10 had two.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "randn", "rand", "randint", "aran
              "eye", "randperm"}
 MOVES = {"to", "cuda"}
 # lab -> the rank functions with calls still to fix (a device= or a .to(launch.device()) each)
-KNOWN = {"00_when_a_run_fails": {"check_batch", "out_of_memory", "extra_collective"},
-         "06_moe": {"on_rank"}, "10_context_parallel": {"on_ranks"}}
+KNOWN: dict[str, set[str]] = {}
 
 
 def _code(lab: Path) -> str:
@@ -98,6 +99,48 @@ def test_the_guard_sees_a_constructor_without_a_device():
               "def not_launched():\n    return torch.zeros(1)\n\nlaunch.run(rank_fn, 2)\n")
     assert deviceless(source) == {"rank_fn": ["torch.zeros(3)"]}
 
+
+
+def _gloo_only(tree: ast.AST) -> set[str]:
+    """Names of the functions every launch of which names backend="gloo" (they never run under NCCL)."""
+    launches: dict[str, list[bool]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)
+                and ast.unparse(node.func) in ("launch.run", "run")):
+            gloo = any(k.arg == "backend" and isinstance(k.value, ast.Constant) and k.value.value == "gloo"
+                       for k in node.keywords)
+            launches.setdefault(node.args[0].id, []).append(gloo)
+    return {name for name, gloo in launches.items() if all(gloo)}
+
+
+def cpu_meshes(source: str) -> dict[str, list[str]]:
+    """For each launched function of `source` that may run under NCCL: its device meshes built on the
+    literal "cpu" (a mesh must be on the ranks' device type, `launch.device().type`, or come from
+    `distlab.mesh.grid`)."""
+    tree = ast.parse(source)
+    found: dict[str, list[str]] = {}
+    launched = _launched(tree) - _gloo_only(tree)
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name in launched):
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("init_device_mesh")
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cpu"):
+                found.setdefault(fn.name, []).append(ast.unparse(node))
+    return found
+
+
+def test_no_labs_rank_function_builds_a_cpu_mesh_where_it_may_run_on_nccl():
+    found = {lab.stem: cpu_meshes(_code(lab)) for lab in sorted(LABS.glob("[0-9][0-9]_*.ipynb"))}
+    assert not {lab: fns for lab, fns in found.items() if fns}, found
+
+
+def test_the_guard_sees_a_cpu_mesh_unless_the_launch_is_gloo():
+    source = ("def anywhere():\n    m = init_device_mesh('cpu', (2,))\n"
+              "    ok = init_device_mesh(launch.device().type, (2,))\n\n"
+              "def on_gloo():\n    m = init_device_mesh('cpu', (2,))\n\n"
+              "launch.run(anywhere, 2)\nlaunch.run(on_gloo, 2, backend='gloo')\n")
+    assert cpu_meshes(source) == {"anywhere": ["init_device_mesh('cpu', (2,))"]}
 
 def _sizes(tree: ast.AST) -> set[int]:
     """The world sizes a lab launches with: the literal (or constant-named) second argument of each

@@ -23,7 +23,7 @@ PACKAGE = SRC / "distlab"
 GROUND = frozenset({
     "launch", "mesh", "comm_log", "comm_record", "dist_compat", "parity", "reference", "sharding", "models",
     "timing", "checks", "style", "catalog", "catalog_rows", "device_names", "kernel_rates", "cli_types",
-    "explorers", "topology", "ring_hops", "progress_record",
+    "explorers", "topology", "ring_hops", "progress_record", "staged_p2p",
 })
 # The roof: the tools that import the chapters (the command, the chapter table, the figure registry...).
 ROOF = frozenset({

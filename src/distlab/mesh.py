@@ -17,7 +17,8 @@ path and want NVLink), and pipeline parallelism is the outermost, so its point-t
 one that crosses nodes (Narayanan et al. 2021, sec. 3.2-3.3; torchtitan lays out its mesh the same way).
 
 `grid` builds the mesh with `torch.distributed.device_mesh.init_device_mesh`, the object FSDP2, DTensor
-and torch.distributed.pipelining build on. It runs on gloo (device "cpu") as well as NCCL ("cuda"). Take
+and torch.distributed.pipelining build on. Its device type is the rank's (`launch.device()`): "cuda" under
+NCCL, "cpu" under gloo, and "cuda" under gloo with DISTLAB_DEVICE=cuda (ranks sharing a GPU). Take
 an axis's group with `mesh["tp"].get_group()` and pass it to a chapter's API. `flat_group` joins several
 axes into one group (DeviceMesh flattening), and `dp_cp_group` is the one the loss is averaged and the
 gradients are reduced over once the sequence is split too (context parallelism): dp x cp.
@@ -33,6 +34,8 @@ import math
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from distlab import launch
 
 # Outermost first. pp: pipeline stages; dp: data-parallel replicas (and ZeRO shards); ep: expert
 # parallelism; cp: context parallelism (the sequence split over ranks); tp: tensor (and sequence) parallelism.
@@ -149,9 +152,10 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
     ask for `mesh["tp"]`); with none named, the mesh is one axis "dp" over the whole world. HSDP (chapter
     11) names `dp_replicate=` and `dp_shard=` instead of `dp=`: two axes in dp's place, replicas outside
     and ZeRO-3 shards inside (torchtitan's names; `flat_group(mesh, *DP_SPLIT)` is the whole dp). The product
-    of the sizes must equal the world size. `device_type` defaults to "cuda" under NCCL and "cpu" under
-    gloo. Call it on every rank, in the same order as every other collective: creating the groups is
-    itself a collective operation.
+    of the sizes must equal the world size. `device_type` defaults to the type of the rank's device,
+    `launch.device()`: "cuda" under NCCL, and under gloo "cpu", or "cuda" when DISTLAB_DEVICE=cuda puts
+    the ranks' tensors on shared GPUs (a mesh must be on the device its tensors are on). Call it on every
+    rank, in the same order as every other collective: creating the groups is itself a collective operation.
     """
     if not dist.is_initialized():
         raise RuntimeError("grid() needs a process group, and none is initialised in this process: call "
@@ -160,7 +164,7 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
     sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
                     "dp_shard": dp_shard}, dist.get_world_size())
     if device_type is None:
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device_type = launch.device().type
     return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 

@@ -33,6 +33,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from distlab import staged_p2p
+
 HEADER_LEN = 4  # kind, worker, version, length
 
 
@@ -66,10 +68,11 @@ def send_message(kind: Kind, worker: int, version: int, payload: torch.Tensor | 
     """Send one framed message to position `group_dst` of `group` (None: the whole world): the header,
     then the payload if there is one; each waits at most `timeout` seconds (None: the group's timeout)."""
     length = 0 if payload is None else payload.numel()
-    _transfer(dist.isend(header(kind, worker, version, length), group=group, group_dst=group_dst), timeout)
+    _transfer(staged_p2p.isend(header(kind, worker, version, length), group=group, group_dst=group_dst),
+              timeout)
     if payload is not None and length:
         data = payload.detach().reshape(-1).float().contiguous()
-        _transfer(dist.isend(data, group=group, group_dst=group_dst), timeout)
+        _transfer(staged_p2p.isend(data, group=group, group_dst=group_dst), timeout)
 
 
 def recv_message(group_src: int, group: dist.ProcessGroup | None = None,
@@ -80,12 +83,12 @@ def recv_message(group_src: int, group: dist.ProcessGroup | None = None,
     timeout) or when the sender's connection breaks.
     """
     h = torch.empty(HEADER_LEN, dtype=torch.int64)
-    _transfer(dist.irecv(h, group=group, group_src=group_src), timeout)
+    _transfer(staged_p2p.irecv(h, group=group, group_src=group_src), timeout)
     kind, worker, version, length = (int(v) for v in h)
     payload = None
     if length:
         payload = torch.empty(length, dtype=torch.float32)
-        _transfer(dist.irecv(payload, group=group, group_src=group_src), timeout)
+        _transfer(staged_p2p.irecv(payload, group=group, group_src=group_src), timeout)
     return Message(Kind(kind), worker, version, payload, group_src)
 
 

@@ -235,17 +235,31 @@ def _details(wrong: list, values: list[float], want: list[float], n: int, parts:
     return details[:2] + more
 
 
+def own_messages_device(device: Any, backend: str) -> Any:  # torch.device -> torch.device
+    """Where the tensors go that a student's own `dist.isend`/`dist.recv` carry: the rank's `device`,
+    except for a GPU on gloo (ranks sharing a GPU, DISTLAB_DEVICE=cuda): gloo's send and recv take host
+    memory only, so there the CPU (the course's own messages stage instead: `distlab.staged_p2p`)."""
+    import torch
+
+    from distlab.staged_p2p import needs_staging
+
+    return torch.device("cpu") if needs_staging(device, backend) else device
+
+
 def _run_cases(fn: Callable[..., Any], counts: Sequence[int], ranks_per_node: int | None) -> list[list[str]]:
     """Body of every rank: the student's function on each element count; this rank's problems per count.
 
     With ranks_per_node, fn(tensor, node, across) gets the groups of a mesh grid(dp=p // ranks_per_node,
-    tp=ranks_per_node), made once here: node = its "tp" group, across = its "dp" group.
+    tp=ranks_per_node), made once here: node = its "tp" group, across = its "dp" group. Without it, fn is
+    the ring exercise, which sends and receives with dist.isend/dist.recv itself (`own_messages_device`).
     """
     import torch.distributed as dist
 
     from distlab import launch, mesh
 
     rank, p, dev = dist.get_rank(), dist.get_world_size(), launch.device()
+    if ranks_per_node is None:
+        dev = own_messages_device(dev, dist.get_backend())
     groups = ()
     if ranks_per_node is not None:
         grid = mesh.grid(dp=p // ranks_per_node, tp=ranks_per_node)

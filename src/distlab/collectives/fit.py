@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from numpy.typing import ArrayLike, NDArray
 
-from distlab import launch
+from distlab import launch, staged_p2p
 from distlab.collectives.cost_model import MachineParams
 
 PING_PONG_SIZES: tuple[int, ...] = tuple(4 * 4**k for k in range(13))  # 4 B, 16 B, ..., 64 MiB
@@ -98,11 +98,11 @@ def ping_pong(sizes: tuple[int, ...] = PING_PONG_SIZES, repeats: int = 5) -> lis
             t0 = time.perf_counter()
             for _ in range(trips):
                 if me == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
+                    staged_p2p.send(buf, group_dst=1)
+                    staged_p2p.recv(buf, group_src=1)
                 elif me == 1:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
+                    staged_p2p.recv(buf, group_src=0)
+                    staged_p2p.send(buf, group_dst=0)
             _sync(dev)
             samples.append((time.perf_counter() - t0) / (2 * trips))
         out.append(float(np.median(samples[1:])))

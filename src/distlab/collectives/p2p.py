@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp
 
+from distlab import staged_p2p
 from distlab.collectives.segmenting import DEFAULT, Segmenting
 
 # reduce(a, b, out) computes out = a op b elementwise; out may be a or b (in place).
@@ -55,10 +56,10 @@ class Team:
                     self.segmenting)
 
     def isend(self, tensor: torch.Tensor, to: int) -> Any:
-        return dist.isend(tensor, group=self.group, group_dst=self.members[to])
+        return staged_p2p.isend(tensor, group=self.group, group_dst=self.members[to])
 
     def irecv(self, tensor: torch.Tensor, source: int) -> Any:
-        return dist.irecv(tensor, group=self.group, group_src=self.members[source])
+        return staged_p2p.irecv(tensor, group=self.group, group_src=self.members[source])
 
 
 def team(group: ProcessGroup | None, segmenting: Segmenting = DEFAULT) -> Team:

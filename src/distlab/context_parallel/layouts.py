@@ -80,7 +80,7 @@ def pad_to_multiple(x: Tensor, p: int, layout: str, dim: int = -2, value: float 
 def positions(rank: int, p: int, seq_len: int, layout: str) -> Tensor:
     """The global token positions rank `rank` holds, in local order (for position embeddings)."""
     c = check_seq_len(seq_len, p, layout)
-    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(rank, p, layout)])
+    return torch.cat([torch.arange(i * c, (i + 1) * c, device="cpu") for i in chunk_ids(rank, p, layout)])
 
 
 def shard(x: Tensor, rank: int, p: int, layout: str, dim: int = -2) -> Tensor:

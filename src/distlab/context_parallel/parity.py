@@ -56,7 +56,8 @@ def random_qkv(seed: int, batch: int, heads: int, seq_len: int, head_dim: int,
                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, ...]:
     """q, k, v and an output gradient of shape (batch, heads, seq_len, head_dim), the same on every rank."""
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=dtype) for _ in range(4))
+    return tuple(torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=dtype, device="cpu")
+                 for _ in range(4))
 
 
 def attention_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, heads: int = 2,
@@ -72,7 +73,7 @@ def attention_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, head
     ref_out = F.scaled_dot_product_attention(*ref, is_causal=True)
     ref_out.backward(dout)
     full_len = padded_length(seq_len, p, layout) if pad else seq_len
-    real = positions(r, p, full_len, layout) < seq_len  # this rank's rows that are not padding
+    real = (positions(r, p, full_len, layout) < seq_len).to(q.device)  # this rank's rows that are not padding
 
     def mine(t: torch.Tensor) -> torch.Tensor:
         return shard(pad_to_multiple(t, p, layout) if pad else t, r, p, layout)
@@ -140,7 +141,8 @@ def ulysses_parity(layout: str = "zigzag", seed: int = 0, batch: int = 2, heads:
     r, i = (1, 0) if ring_group is None else (group_size(ring_group), group_rank(ring_group, "ring group"))
     g = torch.Generator().manual_seed(seed)
     shapes = (heads, kv_heads, kv_heads, heads)
-    q, k, v, dout = (torch.randn(batch, a, seq_len, head_dim, generator=g, dtype=dtype) for a in shapes)
+    q, k, v, dout = (torch.randn(batch, a, seq_len, head_dim, generator=g, dtype=dtype, device="cpu")
+                     .to(_device(group)) for a in shapes)  # the same numbers anywhere, on the rank's device
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_out = F.scaled_dot_product_attention(*ref, is_causal=True, enable_gqa=kv_heads != heads)
     ref_out.backward(dout)

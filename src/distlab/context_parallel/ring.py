@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distlab import staged_p2p
 from distlab.context_parallel.layouts import block_kind, check_layout, check_seq_len, chunk_ids
 from distlab.context_parallel.merge import block_attention, merge
 from distlab.mesh import group_rank, group_size
@@ -55,8 +56,8 @@ def _exchange(tensors: list[Tensor], group: dist.ProcessGroup | None, stats: Rin
     received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     requests = []
     for t, buf in zip(tensors, received, strict=True):
-        requests.append(dist.isend(t, group=group, group_dst=(r + 1) % p))
-        requests.append(dist.irecv(buf, group=group, group_src=(r - 1) % p))
+        requests.append(staged_p2p.isend(t, group=group, group_dst=(r + 1) % p))
+        requests.append(staged_p2p.irecv(buf, group=group, group_src=(r - 1) % p))
         if stats is not None:
             nbytes = t.numel() * t.element_size()
             if phase == "forward":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distlab import launch
 from distlab.context_parallel.layouts import check_seq_len
 from distlab.context_parallel.merge import block_attention
 from distlab.context_parallel.ring import ring_attention
@@ -27,7 +28,9 @@ def measured_ring_bytes(seq_len: int, batch: int = 1, heads: int = 2, head_dim: 
     p = group_size(group)
     check_seq_len(seq_len, p, layout)
     s = seq_len // p
-    q, k, v = (torch.randn(batch, heads, s, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    dev = launch.device() if dist.is_initialized() else torch.device("cpu")  # NCCL sends only CUDA tensors
+    q, k, v = (torch.randn(batch, heads, s, head_dim, dtype=dtype, device=dev, requires_grad=True)
+               for _ in range(3))
     return saved_activation_bytes(lambda: ring_attention(q, k, v, group=group, layout=layout))
 
 

@@ -17,37 +17,45 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from distlab import launch, staged_p2p
 from distlab.comm_log import comm_log
 from distlab.context_parallel import cost_model
 from distlab.context_parallel.ring import ring_attention
 from distlab.context_parallel.ulysses import ulysses_attention
 from distlab.mesh import group_rank, group_size
-from distlab.timing import median_seconds
+from distlab.timing import cuda_sync, median_seconds
 
 SCHEMES = ("ring", "ulysses")
+
+
+def _rank_device() -> torch.device:
+    """This rank's device (`launch.device()`: its GPU under NCCL, which sends only CUDA tensors), or the
+    CPU in a single process."""
+    return launch.device() if dist.is_initialized() else torch.device("cpu")
 
 
 def _median_time(step: Callable[[], None], repeats: int, group: dist.ProcessGroup | None) -> float:
     """Median seconds of `step` over `repeats` runs, each started together after a barrier (the slowest
     rank's time: what the next layer waits for)."""
-    return median_seconds(step, repeats, warmup=0, group=group, barrier=True, over_ranks="max")
+    return median_seconds(step, repeats, warmup=0, group=group, barrier=True, over_ranks="max",
+                          sync=cuda_sync(_rank_device()))  # CUDA kernels run asynchronously
 
 
 def _calibrate(s: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype,
                group: dist.ProcessGroup | None, repeats: int) -> tuple[float, float]:
     """(attention flops per second of this rank, bytes per second of one K/V-block message)."""
-    p, r = group_size(group), group_rank(group)
-    q = torch.randn(batch, heads, s, head_dim, dtype=dtype)
+    p, r, dev = group_size(group), group_rank(group), _rank_device()
+    q = torch.randn(batch, heads, s, head_dim, dtype=dtype, device=dev)
     dense = _median_time(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), repeats, None)
     flops = cost_model.attention_flops(s, batch, heads, head_dim) / dense
     if p == 1:
         return flops, float("inf")
-    kv = torch.randn(2, batch, heads, s, head_dim, dtype=dtype)
+    kv = torch.randn(2, batch, heads, s, head_dim, dtype=dtype, device=dev)
     buf = torch.empty_like(kv)
 
     def hop() -> None:
-        reqs = [dist.isend(kv, group=group, group_dst=(r + 1) % p),
-                dist.irecv(buf, group=group, group_src=(r - 1) % p)]
+        reqs = [staged_p2p.isend(kv, group=group, group_dst=(r + 1) % p),
+                staged_p2p.irecv(buf, group=group, group_src=(r - 1) % p)]
         for req in reqs:
             req.wait()
 
@@ -63,7 +71,8 @@ def measure(seq_len: int = 512, batch: int = 1, heads: int = 8, head_dim: int = 
     p = group_size(group)
     s = seq_len // p
     flops, bw = _calibrate(s, batch, heads, head_dim, dtype, group, repeats)
-    q, k, v, dout = (torch.randn(batch, heads, s, head_dim, dtype=dtype) for _ in range(4))
+    q, k, v, dout = (torch.randn(batch, heads, s, head_dim, dtype=dtype, device=_rank_device())
+                     for _ in range(4))
     e = q.element_size()
     out: dict = {"p": p, "seq_len": seq_len, "flops_per_s": flops, "bytes_per_s": bw}
     attend = {"ring": lambda a, b, c: ring_attention(a, b, c, group=group, layout=layout),

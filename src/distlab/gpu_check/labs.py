@@ -7,7 +7,9 @@ every lab in a child process, in one of two modes:
   GPUs or more, else gloo on the CPU (`launch.resolve_backend`);
 - "shared": one GPU (CUDA_VISIBLE_DEVICES=0) that every rank shares: DISTLAB_DEVICE=cuda puts the gloo
   ranks' tensors on it (`launch.devices`), so a node with fewer GPUs than ranks still runs the labs with
-  their tensors on a GPU.
+  their tensors on a GPU. gloo's send and recv take host memory only: the course's point-to-point
+  messages stage CUDA tensors through it (`distlab.staged_p2p`), and lab 1's ring exercise, whose
+  function sends by itself, is checked with CPU tensors there (`own_messages_device`).
 
 Both record the labs' progress in a temporary file (never a student's ~/.distlab) and write pytest's
 JUnit XML, which `lab_results` reads back: per lab, how many cells passed, failed or errored, and the

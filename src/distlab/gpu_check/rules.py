@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from distlab.comm_log import _C10D, _FUNCTIONAL, CommLog
 from distlab.gpu_check.rendezvous import Finding, Op, check
+from distlab.staged_p2p import STAGED
 
 SAME_SIZE = ("all_reduce", "broadcast", "reduce", "barrier")  # ops whose B is the same on every rank
 
@@ -55,6 +56,12 @@ def _tensors(x: object) -> list[torch.Tensor]:
     if isinstance(x, (list, tuple)):
         return [t for item in x for t in _tensors(item)]
     return []
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    """Where `t` stands: its device, or for a host copy that `distlab.staged_p2p` made to send or receive
+    a CUDA tensor over gloo, that tensor's device."""
+    return getattr(t, STAGED, t.device)
 
 
 def _group(func: object, args: tuple) -> dist.ProcessGroup:
@@ -91,7 +98,7 @@ class RuleLog(CommLog):
         if len(self.records) > before:
             r, group = self.records[-1], _group(func, args)
             peer = r.peer if func._opname in ("send", "recv_") else None
-            devices = tuple(sorted({t.device.type for t in _tensors(args)}))
+            devices = tuple(sorted({_device_of(t).type for t in _tensors(args)}))
             ranks = tuple(dist.get_process_group_ranks(group))
             self.calls.append(Call(r.op, ranks, r.dtype, r.numel, devices,
                                    None if peer is None else dist.get_global_rank(group, peer),
@@ -100,7 +107,8 @@ class RuleLog(CommLog):
 
 
     def _check_device(self, func: object, args: tuple) -> None:
-        wrong = sorted({str(t.device) for t in _tensors(args) if not on_device(t, self.device)})
+        wrong = sorted({str(t.device) for t in _tensors(args)
+                        if not on_device_type(_device_of(t), self.device)})
         if not wrong:
             return
         where_ = self._where_and_phase()[0]
@@ -121,7 +129,8 @@ def _check_gloo_p2p(func: object, args: tuple) -> None:
     if any(t.is_cuda for t in _tensors(args)) and _group(func, args).name() == "gloo":
         raise DeviceError(f"{func._opname.rstrip('_')} of a CUDA tensor over gloo: gloo sends and receives "  # type: ignore[attr-defined]
                           "host memory only (its collectives stage CUDA tensors, its point-to-point calls "
-                          "do not); run these ranks on NCCL, one GPU each, or on the CPU")
+                          "do not); send and receive through distlab.staged_p2p (isend, irecv, send, "
+                          "recv), which stages them through host memory, or run these ranks on NCCL")
 
 
 class DeviceError(RuntimeError):
@@ -136,7 +145,12 @@ def is_collective(func: object) -> bool:
 
 def on_device(t: torch.Tensor, device: torch.device) -> bool:
     """`t` is on `device` (a device without an index, such as "cuda", matches every index)."""
-    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+    return on_device_type(t.device, device)
+
+
+def on_device_type(d: torch.device, device: torch.device) -> bool:
+    """`d` is `device` (a device without an index matches every index of its type)."""
+    return d.type == device.type and (device.index is None or d.index == device.index)
 
 
 def device_message(call: str, wrong: Sequence[str], device: torch.device) -> str:

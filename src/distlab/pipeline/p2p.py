@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distlab import staged_p2p
+
 
 @dataclass
 class Message:
@@ -53,10 +55,10 @@ class PointToPoint:
         works = []
         for msg in messages:
             if msg.send:
-                work = dist.isend(msg.tensor, group=self.group, group_dst=msg.peer, tag=msg.tag)
+                work = staged_p2p.isend(msg.tensor, group=self.group, group_dst=msg.peer, tag=msg.tag)
                 self.pending_sends.append((work, msg.tensor))
             else:
-                works.append(dist.irecv(msg.tensor, group=self.group, group_src=msg.peer, tag=msg.tag))
+                works.append(staged_p2p.irecv(msg.tensor, group=self.group, group_src=msg.peer, tag=msg.tag))
         return works
 
     def finish(self) -> None:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab import staged_p2p
 from distlab.comm_log import where as labelled
 from distlab.tensor_parallel.comm import Group, _check_splits, group_rank, group_size
 from distlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -43,8 +44,8 @@ def _shift(send: Tensor, recv: Tensor, group: Group, where: str) -> list[dist.Wo
     """Start one ring step: send `send` to the right neighbour, receive into `recv` from the left one."""
     r, p = group_rank(group), group_size(group)
     with labelled(where):
-        return [dist.isend(send, group=group, group_dst=(r + 1) % p),
-                dist.irecv(recv, group=group, group_src=(r - 1) % p)]
+        return [staged_p2p.isend(send, group=group, group_dst=(r + 1) % p),
+                staged_p2p.irecv(recv, group=group, group_src=(r - 1) % p)]
 
 
 def _wait(works: list[dist.Work]) -> None:
