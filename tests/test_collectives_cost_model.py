@@ -232,3 +232,22 @@ def test_bad_input_names_the_value_and_the_fix(call, message):
     with pytest.raises(ValueError) as info:
         call()
     assert message in str(info.value)
+
+
+def test_the_ring_formulas_on_one_number_equal_the_vectorised_ones_exactly():
+    """The fast path on one float (the planner's) is the same formula: equal to the bit, for ints, floats
+    and numpy floats, and it refuses what the array path refuses."""
+    machine = MachineParams(alpha=3.1e-6, beta=1 / 23.7e9, gamma=1 / 91e9)
+    sizes = [0, 1, 7, 4096, 3.3e5, 1 << 30, 8.123456789e11]
+    for f in (cm.ring_all_reduce_time, cm.ring_reduce_scatter_time, cm.ring_all_gather_time):
+        for p in (1, 2, 3, 8, 1024):
+            vector = f(np.array(sizes, dtype=np.float64), p, machine)
+            for n, want in zip(sizes, vector, strict=True):
+                for one in (n, float(n), np.float64(n)):
+                    got = f(one, p, machine)
+                    assert type(got) is float and got == want, (f.__name__, n, p, got, want)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="nbytes=.* must be sizes in bytes >= 0"):
+            cm.ring_all_reduce_time(bad, 4, machine)
+    with pytest.raises(ValueError, match="p=0 must be a positive integer"):
+        cm.ring_all_reduce_time(1e6, 0, machine)

@@ -8,7 +8,6 @@ from itertools import permutations
 import pytest
 from matplotlib.figure import Figure
 
-from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.models import GPTConfig
 from distlab.parallel3d import Plan3D, block_ranges, check_plan
@@ -16,6 +15,7 @@ from distlab.parallel3d.__main__ import main
 from distlab.parallel3d.exercises import check_coordinates, check_placement
 from distlab.parallel3d.figures import mesh_figure, placement_figure
 from distlab.parallel3d.placement import assign, compare_placements, placement_table, predict_placement
+from distlab.topology import Cluster
 
 CONFIG = GPTConfig(vocab_size=24, block_size=12, n_layer=4, n_head=12, n_embd=24)
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from distlab.hardware.topology import Latencies
 from distlab.memory import shape
 from distlab.memory.estimator import estimate
 from distlab.pipeline.cost_model import bubble_fraction
@@ -40,6 +39,7 @@ from distlab.plan.inputs import HBM_GB
 from distlab.plan.planner import Row
 from distlab.plan.published import lookup
 from distlab.plan.report import published_markdown
+from distlab.topology import Latencies
 
 SMALL = ModelSpec(6, 96, 6, 500, 30, name="small")  # heads, layers and seq divisible by 2 and 3, not 4
 

@@ -10,13 +10,15 @@ a `launch.RankError`): `is_stub(err)` recognises it and `not_written(label)` is 
 is the stub, the report says "not written yet" once, not once per case.
 
 Every `CheckResult` made inside an exercise check (a `check_*` function of a distlab module) records its
-verdict in the student's progress file (`distlab.progress`; `distlab progress` prints it).
+verdict in the student's progress file (`distlab.progress_record`; `distlab progress` prints it).
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+
+from distlab import progress_record
 
 NOT_WRITTEN = "not written yet (it raises NotImplementedError)"
 
@@ -42,11 +44,9 @@ class CheckResult:
     case_heading: str = "ranks"  # what one case is, for the notebook table's first column
 
     def __post_init__(self) -> None:
-        from distlab import progress
-
-        check = progress.check_name()
+        check = progress_record.check_name()
         if check is not None:
-            progress.record(check, self.verdict)
+            progress_record.record(check, self.verdict)
 
     @property
     def not_written(self) -> bool:

@@ -84,6 +84,16 @@ def _bytes(n: ArrayLike) -> NDArray[np.float64]:
     return arr
 
 
+def _scalar_bytes(n: ArrayLike) -> float | None:
+    """`n` as a float when it is one number (int or float): the fast path of the ring formulas, which the
+    planner calls millions of times; None for arrays. A ValueError for a size that is not >= 0 and finite."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return None
+    if not 0 <= n < math.inf:
+        raise ValueError(f"nbytes={n!r} must be sizes in bytes >= 0; pass e.g. np.logspace(2, 8) or 4 << 20")
+    return float(n)
+
+
 def _out(t: ArrayLike) -> NDArray[np.float64] | float:
     t = np.asarray(t, dtype=np.float64)
     return float(t) if t.ndim == 0 else t
@@ -116,6 +126,10 @@ def ring_reduce_scatter_time(n: ArrayLike, p: int, m: MachineParams, segmenting:
     (segments_per_chunk), and each segment is reduced while the next is still arriving, so a step costs
     k alpha + c max(beta, gamma) + (c / k) min(beta, gamma): only the last segment's work is not hidden.
     """
+    one = _scalar_bytes(n) if segmenting is None else None
+    if one is not None:  # the same formula on one float: the same result, without numpy
+        p = _check_p(p)
+        return (p - 1) * (m.alpha + one / p * (m.beta + m.gamma))
     p, n = _check_p(p), _bytes(n)
     chunk = n / p
     if segmenting is None:
@@ -132,6 +146,10 @@ def ring_all_gather_time(n: ArrayLike, p: int, m: MachineParams, segmenting: Seg
     As implemented (segmented_ring.py), each step's block goes as k segments (segments_per_chunk):
     k alpha per step instead of one.
     """
+    one = _scalar_bytes(n) if segmenting is None else None
+    if one is not None:
+        p = _check_p(p)
+        return (p - 1) * (m.alpha + one / p * m.beta)
     p, n = _check_p(p), _bytes(n)
     k = 1.0 if segmenting is None else segments_per_chunk(n / p, segmenting)
     return _out((p - 1) * (k * m.alpha + n / p * m.beta))
@@ -140,8 +158,11 @@ def ring_all_gather_time(n: ArrayLike, p: int, m: MachineParams, segmenting: Seg
 def ring_all_reduce_time(n: ArrayLike, p: int, m: MachineParams) -> NDArray[np.float64] | float:
     """The textbook ring all-reduce (ring.py): 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
     (Patarasuk & Yuan 2009) -- bandwidth optimal, latency linear in p. One whole chunk per step, as
-    implemented.
+    implemented. The course's one ring all-reduce time: the planner calls it on one float (a fast path,
+    no numpy), chapter 8 on each hop of a ring through a topology (`hardware.cost_model`).
     """
+    if _scalar_bytes(n) is not None:
+        return ring_reduce_scatter_time(n, p, m) + ring_all_gather_time(n, p, m)
     return _out(np.add(ring_reduce_scatter_time(n, p, m), ring_all_gather_time(n, p, m)))
 
 

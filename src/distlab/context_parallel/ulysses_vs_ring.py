@@ -11,8 +11,6 @@ them to `cost_model.cp_attention_time`.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -25,6 +23,7 @@ from distlab.context_parallel import cost_model
 from distlab.context_parallel.ring import ring_attention
 from distlab.context_parallel.ulysses import ulysses_attention
 from distlab.mesh import group_rank, group_size
+from distlab.timing import cuda_sync, median_seconds
 
 SCHEMES = ("ring", "ulysses")
 
@@ -38,19 +37,8 @@ def _rank_device() -> torch.device:
 def _median_time(step: Callable[[], None], repeats: int, group: dist.ProcessGroup | None) -> float:
     """Median seconds of `step` over `repeats` runs, each started together after a barrier (the slowest
     rank's time: what the next layer waits for)."""
-    times, dev = [], _rank_device()
-    for _ in range(repeats):
-        if group_size(group) > 1:
-            dist.barrier(group=group)
-        t0 = time.perf_counter()
-        step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)  # CUDA kernels run asynchronously: wait for them before the clock
-        t = torch.tensor([time.perf_counter() - t0], device=dev)
-        if group_size(group) > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        times.append(t.item())
-    return statistics.median(times)
+    return median_seconds(step, repeats, warmup=0, group=group, barrier=True, over_ranks="max",
+                          sync=cuda_sync(_rank_device()))  # CUDA kernels run asynchronously
 
 
 def _calibrate(s: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype,

@@ -22,7 +22,8 @@ Parts 3-4, communicating less and against torchft:
 - `diloco`: `DiLoCo`, H inner steps, the averaged pseudo-gradient, an outer Nesterov step (`OuterSync`).
 - `streaming`: `StreamingDiLoCo`, K fragments synchronised at staggered steps, optionally in bfloat16.
 - `replica_loop`: `Recipe`; every method on ranks (`on_ranks`) and as a loop in one process (`simulate`).
-- `powersgd_run`: chapter 7's PowerSGD on the same task, for comparison.
+- `powersgd_run`: chapter 7's PowerSGD on the same task, for comparison (`powersgd_ddp`, the model in DDP
+  with its hook; `replica_loop.on_ranks` trains it).
 - `bandwidth`: bytes per step, step time, and the break-even link speed L*.
 - `torchft_compare`: torchft's own `LocalSGD` / `DiLoCo` on the same seed (`GroupManager`).
 - `quorum_kill`: torchft's `Manager` and lighthouse with one replica SIGKILLed.

@@ -109,5 +109,5 @@ def cluster_dp_seconds(n_params: int, nodes: int, server: str = "DGX H100", byte
                        ) -> float:
     """Chapter 8's prediction of one gradient all-reduce (two-level ring) on `nodes` servers."""
     from distlab.hardware.cost_model import predict_all_reduce
-    from distlab.hardware.topology import Cluster
+    from distlab.topology import Cluster
     return float(predict_all_reduce(Cluster(server, nodes), n_params * bytes_per_value))

@@ -31,8 +31,8 @@ import numpy as np
 
 from distlab.comm_log import ring_bytes
 from distlab.hardware.cost_model import predict_all_reduce, ring_all_reduce_time
-from distlab.hardware.topology import Cluster
 from distlab.memory.zero.buckets import shard_shape
+from distlab.topology import Cluster
 
 
 def _positive_int(name: str, value: int) -> int:

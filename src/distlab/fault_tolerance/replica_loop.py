@@ -25,6 +25,7 @@ from distlab.comm_log import comm_log
 from distlab.data_parallel.buckets import all_reduce_bucket
 from distlab.fault_tolerance.diloco import DiLoCo
 from distlab.fault_tolerance.local_sgd import LocalSGD, check_outer_lr, check_sync_dtype, check_sync_every
+from distlab.fault_tolerance.powersgd_run import powersgd_ddp
 from distlab.fault_tolerance.streaming import StreamingDiLoCo, layer_fragments, sync_offsets
 from distlab.reference import SGD, Optimizer, Task
 
@@ -117,7 +118,7 @@ def make_trainer(recipe: Recipe, model: nn.Module, inner: Optimizer,
     if r.method == "streaming":
         return StreamingDiLoCo(model, inner, r.sync_every, layer_fragments(model, r.fragments), r.outer_lr,
                                r.outer_momentum, group=group, sync_dtype=r.sync_dtype)
-    raise ValueError(f"method={r.method!r} has no trainer here; 'powersgd' runs through powersgd_run")
+    raise ValueError(f"method={r.method!r} has no trainer here; 'powersgd' runs through _powersgd_on_ranks")
 
 
 def train_shards(task: Task, steps: int, global_batch: int, seed: int, group: dist.ProcessGroup | None,
@@ -140,14 +141,25 @@ def on_ranks(recipe: Recipe, task: Task, steps: int, global_batch: int, seed: in
     """Inside a rank of `group`: train this replica for `steps` inner steps and report its run."""
     model = task.build(seed).to(dtype)
     if recipe.method == "powersgd":
-        from distlab.fault_tolerance.powersgd_run import powersgd_run
-        return powersgd_run(recipe, model, task, steps, global_batch, seed, group)
+        return _powersgd_on_ranks(recipe, model, task, steps, global_batch, seed, group)
     inner = inner_optimizer(recipe, list(model.parameters()))
     trainer = make_trainer(recipe, model, inner, group)
     with comm_log() as log:
         losses = train_shards(task, steps, global_batch, seed, group, model, inner, trainer.step)
     return ReplicaRun(losses, {n: q.detach().clone() for n, q in model.named_parameters()},
                       list(getattr(trainer, "pseudo_gradients", [])), log.sent_bytes(), log.calls())
+
+
+def _powersgd_on_ranks(recipe: Recipe, model: nn.Module, task: Task, steps: int, global_batch: int, seed: int,
+                       group: dist.ProcessGroup | None) -> ReplicaRun:
+    """Inside a rank: train `model` with DDP + PowerSGD (rank `recipe.powersgd_rank`) and the inner
+    optimizer; what it sent is what the hook's all-reduces sent."""
+    ddp = powersgd_ddp(model, recipe.powersgd_rank, seed, group)
+    inner = inner_optimizer(recipe, list(model.parameters()))
+    with comm_log() as log:
+        losses = train_shards(task, steps, global_batch, seed, group, ddp, inner, inner.step)
+    params = {n: q.detach().clone() for n, q in model.named_parameters()}
+    return ReplicaRun(losses, params, [], log.sent_bytes(where="powersgd"), log.calls(where="powersgd"))
 
 
 def simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batch: int, seed: int = 0,

@@ -16,12 +16,19 @@ import os
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from distlab.fault_tolerance.replicas import ReplicaConfig
+
+class Script(Protocol):
+    """What a run scripts (`replicas.ReplicaConfig` is one): the events, and how long a join is waited for.
+    A protocol, so that this file need not import `replicas`, which imports it."""
+
+    kill: tuple[int, int] | None
+    join: tuple[int, int] | None
+    pause: tuple[int, int, float] | None
+    join_timeout: float
 
 
 def wait_for_progress(store: dist.Store, steps: int) -> None:
@@ -30,7 +37,7 @@ def wait_for_progress(store: dist.Store, steps: int) -> None:
         time.sleep(0.005)
 
 
-def wait_for_scripted(c: ReplicaConfig, me: int, step: int, store: dist.Store, round_: int,
+def wait_for_scripted(c: Script, me: int, step: int, store: dist.Store, round_: int,
                       expected: tuple[int, ...]) -> None:
     """The scripted joins land at the same step on every run: at config.join's step the others wait for
     the newcomer to check in, and one step after config.pause's the others wait for the paused replica."""
@@ -47,14 +54,14 @@ def wait_for_check_in(store: dist.Store, round_: int, replica: int, timeout: flo
         time.sleep(0.005)
 
 
-def kill_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
+def kill_if_due(c: Script, me: int, step: int, store: dist.Store) -> None:
     """config.kill's replica dies at its step, after its backward (the time goes to the store)."""
     if c.kill == (me, step):
         store.set("killed_at", repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others wait for it in the all-reduce
 
 
-def pause_if_due(c: ReplicaConfig, me: int, step: int, store: dist.Store) -> None:
+def pause_if_due(c: Script, me: int, step: int, store: dist.Store) -> None:
     """config.pause's replica stops (SIGSTOP: every thread, its heartbeat too) after its all-reduce at its
     step, the first time it gets there, and a helper wakes it (SIGCONT) after the given seconds."""
     if c.pause is None or c.pause[:2] != (me, step) or store.add(f"paused/{me}", 1) > 1:

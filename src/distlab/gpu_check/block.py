@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -34,6 +33,7 @@ from torch import Tensor
 
 from distlab import catalog, device_names
 from distlab.memory.shape import block_weights, kv_width
+from distlab.timing import cuda_sync, phase_seconds
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,6 @@ class BlockTime:
         return asdict(self)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_block(s: BlockShape, device: torch.device, dtype: torch.dtype = torch.bfloat16, repeats: int = 10,
                warmup: int = 3, gpu: str | None = None) -> BlockTime:
     """Median forward and backward times of `s` over `repeats` steps after `warmup`; eta against the peak
@@ -137,23 +132,21 @@ def time_block(s: BlockShape, device: torch.device, dtype: torch.dtype = torch.b
     w = _weights(s, device, dtype)
     x = torch.randn(s.batch, s.seq, s.hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     x.requires_grad_()
-    fwd, bwd = [], []
-    for i in range(warmup + repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        y = block_forward(x, w, s)
-        _sync(device)
-        t1 = time.perf_counter()
-        y.backward(torch.ones_like(y))
-        _sync(device)
-        t2 = time.perf_counter()
-        if i >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+    held: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        held["y"] = block_forward(x, w, s)
+
+    def backward() -> None:
+        held["y"].backward(torch.ones_like(held["y"]))
+
+    def clear() -> None:
         for t in (x, *w.values()):
             t.grad = None
-        del y
-    f_ms, b_ms = 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
+        held.clear()
+
+    times = phase_seconds([forward, backward], repeats, warmup=warmup, sync=cuda_sync(device), after=clear)
+    f_ms, b_ms = (1e3 * statistics.median(phase) for phase in zip(*times, strict=True))
     tflops = s.flops() / ((f_ms + b_ms) * 1e-3) / 1e12
     peak = catalog.lookup("gpu", gpu).dense_16bit_tflops if gpu else None
     return BlockTime(s.name, str(device), str(dtype).removeprefix("torch."), round(f_ms, 3), round(b_ms, 3),

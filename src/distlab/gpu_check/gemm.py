@@ -19,12 +19,12 @@ and the one fitted here) and the break-even beside the measured one, within chap
 from __future__ import annotations
 
 import statistics
-import time
 from functools import partial
 
 import torch
 
 from distlab import kernel_rates
+from distlab.timing import median_seconds
 
 SQUARE = (512, 1024, 2048, 4096, 8192, 16384)
 # (m, n, k) of a GPT block's products at 8192 tokens (b s), hidden 768 to 4096: Q/K/V, the MLP's up and down
@@ -111,13 +111,12 @@ def host_sync(device: torch.device, values: int = 3072, repeats: int = 200) -> f
     """Seconds per parameter of `memory.precision.unscale_`'s check on a small gradient: isfinite, all,
     the flag copied to the host (which waits for the GPU), the multiply; the median over `repeats`."""
     g = torch.randn(values, device=device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def check() -> None:
         _ = bool(torch.isfinite(g).all())
         g.mul_(1.0)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+
+    return median_seconds(check, repeats, warmup=0)
 
 
 def fit(section: dict, gpu: str) -> kernel_rates.KernelRates:

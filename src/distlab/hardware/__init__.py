@@ -8,8 +8,10 @@ One idea per file:
   and its sysfs/procfs readers (`probe.host`).
 - `bench`: host, host-device, device, peer-to-peer and collective bandwidth, each beside the catalog's
   figure (`python -m distlab.hardware --out FILE.json`).
-- `topology`: topologies as graphs (servers from the catalog, clusters of them); `cost_model`: the
-  predicted all-reduce time of a flat ring, a two-level ring and a tree on them; the bottleneck of a ring.
+- `topology`: topologies as graphs (servers from the catalog, clusters of them), on the ground floor in
+  `distlab.topology` (chapters 6, 9 and 11 price traffic on them; this name re-exports them), and the hops
+  of rings on them and a ring's bottleneck in `distlab.ring_hops`; `cost_model`: the predicted all-reduce
+  time of a flat ring, a two-level ring and a tree on them.
 - `exercises`: checks that diagnose unit and factor mistakes; `figures`: the book's pictures and the
   ipywidgets explorer.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import platform
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from distlab import catalog, device_names
 from distlab.hardware import probe
 from distlab.hardware.probe import gpus as probe_gpus
 from distlab.hardware.probe import host as probe_host
+from distlab.timing import sample_seconds
 
 NO_GPU_SKIP = "skipped: no CUDA GPU visible (torch.cuda.is_available() is False)"
 GPU_TESTS = ("H2D pinned", "H2D pageable", "D2H pinned", "D2H pageable", "D2D", "P2P")
@@ -68,16 +68,11 @@ def _check(name: str, value: int, least: int) -> int:
     return value
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    fn()  # warm-up: first-touch page faults, allocator, lazy CUDA context
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] | None) -> float:
+    """One warm-up call (first-touch page faults, allocator, lazy CUDA context), then the middle of
+    `repeats` timed calls (the upper one of the two for an even count: a measured time, not a mean)."""
+    times = sorted(sample_seconds(fn, repeats, warmup=1, sync=sync))
+    return times[len(times) // 2]
 
 
 def host_copy(nbytes: int = 64 << 20, repeats: int = 5) -> Result:
@@ -86,7 +81,7 @@ def host_copy(nbytes: int = 64 << 20, repeats: int = 5) -> Result:
     _check("repeats", repeats, 1)
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), repeats, lambda: None)
+    seconds = _median_seconds(lambda: dst.copy_(src), repeats, None)
     return Result("host copy", nbytes / seconds / 1e9, None, "", f"{nbytes >> 20} MiB, median of {repeats}; "
                   "no catalog figure for host DRAM (each byte is read once and written once)")
 

@@ -29,72 +29,18 @@ Three all-reduce algorithms on a cluster of N servers with m GPUs each (`predict
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from distlab.collectives import cost_model
-from distlab.hardware.topology import Cluster, Link, Topology
+from distlab.ring_hops import Hop, bottleneck, check_order, ring_hops
+from distlab.topology import Cluster, Topology
+
+__all__ = ["ALGORITHMS", "Hop", "bottleneck", "predict_all_reduce", "ring_all_reduce_time", "ring_hops"]
 
 ALGORITHMS = ("flat_ring", "two_level_ring", "tree")
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One ring hop: its path, bandwidth after sharing (GB/s per direction), latency, and slowest link."""
-
-    src: str
-    dst: str
-    path: tuple[str, ...]
-    GBps: float
-    latency: float
-    bottleneck: Link
-
-
-# --------------------------------------------------------------------------------------------------
-# Rings on a topology
-# --------------------------------------------------------------------------------------------------
-
-def _check_order(topo: Topology, order: Sequence[str]) -> list[str]:
-    order = list(order)
-    if not order:
-        raise ValueError("ring order is empty; pass the GPUs in ring order, e.g. ['gpu0', 'gpu1']")
-    unknown = [g for g in order if topo.nodes.get(g) != "gpu"]
-    if unknown:
-        raise ValueError(f"ring order has {unknown} which are not GPUs of {topo.name!r}; "
-                         f"GPUs are {', '.join(topo.gpus())}")
-    if len(set(order)) != len(order):
-        raise ValueError(f"ring order {order} visits a GPU twice; list each GPU once")
-    return order
-
-
-def ring_hops(topo: Topology, rings: Sequence[Sequence[str]]) -> list[list[Hop]]:
-    """The hops of rings that run at the same time; hops crossing a link in one direction share it."""
-    orders = [_check_order(topo, r) for r in rings]
-    paths = [[topo.path(o[i], o[(i + 1) % len(o)]) for i in range(len(o))] if len(o) > 1 else []
-             for o in orders]
-    use = Counter((p[i], p[i + 1]) for ring in paths for p in ring for i in range(len(p) - 1))
-    out = []
-    for ring in paths:
-        hops = []
-        for p in ring:
-            edges = [(p[i], p[i + 1]) for i in range(len(p) - 1)]
-            shares = [(topo.link(u, v).GBps / use[(u, v)], topo.link(u, v)) for u, v in edges]
-            bw, slow = min(shares, key=lambda s: s[0])
-            hops.append(Hop(p[0], p[-1], p, bw, sum(topo.link(u, v).latency for u, v in edges), slow))
-        out.append(hops)
-    return out
-
-
-def bottleneck(topo: Topology, order: Sequence[str]) -> Hop:
-    """The ring's slowest hop (lowest bandwidth; ties: highest latency): it sets the pace of every step."""
-    hops = ring_hops(topo, [order])[0]
-    if not hops:
-        raise ValueError("a ring of one GPU has no hops; pass at least two GPUs")
-    return min(hops, key=lambda h: (h.GBps, -h.latency))
 
 
 def _nbytes(n: ArrayLike) -> NDArray[np.float64]:
@@ -115,7 +61,7 @@ def _ring(hops: Sequence[Hop], n: NDArray[np.float64], p: int) -> NDArray[np.flo
 
 def ring_all_reduce_time(topo: Topology, order: Sequence[str], nbytes: ArrayLike) -> NDArray[np.float64]:
     """2(p-1) steps of n/p bytes, each as slow as the slowest hop (see the module docstring)."""
-    n, p = _nbytes(nbytes), len(_check_order(topo, order))
+    n, p = _nbytes(nbytes), len(check_order(topo, order))
     return _ring(ring_hops(topo, [order])[0], n, p)
 
 

@@ -19,7 +19,7 @@ from distlab import catalog
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
 from distlab.comm_log import ring_bytes
 from distlab.hardware.cost_model import bottleneck, predict_all_reduce
-from distlab.hardware.topology import Cluster, Latencies, server_topology
+from distlab.topology import Cluster, Latencies, server_topology
 
 RTOL = 0.02  # answers within 2% count as equal (rounding of GB/s and of 2(p-1)/p by hand)
 

@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from distlab import catalog
+from distlab import catalog, topology
 from distlab.explorers import live_explorer, message_figure
-from distlab.hardware import cost_model, topology
+from distlab.hardware import cost_model
 from distlab.style import OKABE_ITO, done
 
 ALGO_STYLE = {"flat_ring": (OKABE_ITO[5], "flat ring"), "two_level_ring": (OKABE_ITO[4], "two-level ring"),

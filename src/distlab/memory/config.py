@@ -110,12 +110,23 @@ def _check_params(c: MemoryConfig) -> None:
                          "itself, e.g. params=1.3e9, or leave params out and give the shape")
 
 
+def total_params(c: MemoryConfig) -> float:
+    """The model's parameter count from its shape (`c.params` when given)."""
+    if c.params is not None:
+        return c.params
+    if not c.modern:
+        return cost_model.gpt_num_params(c.layers, c.hidden, c.vocab, c.seq)
+    h, f = c.hidden, c.ffn or 4 * c.hidden
+    biases = 7 * h + 2 * shape.kv_width(h, c.heads, c.kv_heads) + f * (2 if c.gated else 1)
+    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) + biases
+    return (c.layers * per_layer + c.vocab * h * (1 if c.tied else 2) + (c.seq * h if c.positions else 0)
+            + 2 * h)
+
+
 def _check_params_against_shape(c: MemoryConfig) -> None:
     """With a shape, `params` replaces the shape's count for the model states: it must be about the same."""
     if c.params is None:
         return
-    from distlab.memory.model_states import total_params  # model_states imports this module
-
     own = total_params(replace(c, params=None))
     if not own / PARAMS_AGREE <= c.params <= own * PARAMS_AGREE:
         raise ValueError(f"params={c.params:.4g} disagrees with the shape (layers={c.layers}, "

@@ -46,8 +46,8 @@ from distlab.memory.activations import (
     modern_layer_bytes,
     stage_activations,
 )
-from distlab.memory.config import SCHEDULES, MemoryConfig, validate
-from distlab.memory.model_states import params_per_gpu, states_per_gpu, total_params
+from distlab.memory.config import SCHEDULES, MemoryConfig, total_params, validate
+from distlab.memory.model_states import params_per_gpu, states_per_gpu
 from distlab.memory.peak_layout import layout_peak
 
 __all__ = ["LINEAR_INPUTS", "SCHEDULES", "MemoryConfig", "MemoryEstimate", "activation_bytes", "estimate",

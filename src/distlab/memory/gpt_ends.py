@@ -1,5 +1,6 @@
 """The two ends of a GPT's step, and the parameters one GPU holds: the embedding before the blocks, the
-final LayerNorm, the output layer and the loss after them, tensor by tensor (`gpt_step` holds the blocks).
+final LayerNorm, the output layer and the loss after them, tensor by tensor (`gpt_step` holds the blocks);
+and the whole step, `forward` and `backward`: these ends around `gpt_step`'s blocks.
 
 As `distlab.models.GPT` computes it: token embedding plus a learned position embedding (`positions`), the
 final LayerNorm, logits over the vocabulary (split over it by tensor parallelism, as Megatron-LM's
@@ -12,12 +13,8 @@ untied output layer's is.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from distlab.memory.gpt_step import StepShape, _layernorm, _layernorm_backward, block_backward, block_forward
 from distlab.memory.timeline import Timeline
-
-if TYPE_CHECKING:
-    from distlab.memory.gpt_step import StepShape
 
 
 def block_parameter_sizes(h: int, bias: bool = True, t: int = 1, kv: int | None = None, f: int | None = None,
@@ -66,8 +63,6 @@ def embedding_forward(tl: Timeline, sh: StepShape) -> None:
 
 def head_forward(tl: Timeline, sh: StepShape) -> None:
     """The final LayerNorm, the logits and the loss; the logits are freed once the log-softmax exists."""
-    from distlab.memory.gpt_step import _layernorm
-
     tl.where = "head forward"
     _layernorm(tl, "lnf", sh, "activations")
     tl.alloc("logits", sh.n * sh.v * sh.e / sh.t)
@@ -82,8 +77,6 @@ def head_backward(tl: Timeline, sh: StepShape, last_input: str, tied_here: bool 
                   grads: str = "grads") -> None:
     """From the loss to the last block's output gradient. `tied_here`: the output layer is the embedding
     on this GPU, so its gradient is held until the embedding's half arrives."""
-    from distlab.memory.gpt_step import _layernorm_backward
-
     tl.phase, tl.where = "backward", "head backward"
     logits = sh.n * sh.v * sh.e / sh.t
     tl.alloc("d.loss", sh.e)
@@ -120,3 +113,22 @@ def embedding_backward(tl: Timeline, sh: StepShape, tied_here: bool = True, grad
     tl.free("d.loss", "loss")
     if grads != "grads":
         tl.free("g.wpe", "g.wte")
+
+
+# ---------------------------------------------------------------- the whole step: the ends around the blocks
+
+
+def forward(tl: Timeline, sh: StepShape, plan: list[str]) -> None:
+    """The forward pass and the loss, with `plan[i]` the recomputation option of block i."""
+    embedding_forward(tl, sh)
+    for i, option in enumerate(plan):
+        block_forward(tl, i, sh, option)
+    head_forward(tl, sh)
+
+
+def backward(tl: Timeline, sh: StepShape, plan: list[str]) -> None:
+    """The backward pass, from the loss to the embedding's gradient, in autograd's order."""
+    head_backward(tl, sh, f"x{len(plan)}")
+    for i in reversed(range(len(plan))):
+        block_backward(tl, i, sh, plan[i])
+    embedding_backward(tl, sh)

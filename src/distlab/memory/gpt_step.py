@@ -1,12 +1,13 @@
 """One training step of a GPT block stack as PyTorch runs it, tensor by tensor, on one GPU of any layout.
 
 `peak.predict_peak` and `peak_layout.layout_peak` replay the step on a `timeline.Timeline`; this file is the
-inventory they replay: for each phase the tensors every op allocates and when each is freed. `forward`
-saves what autograd keeps for the backward (all of it, all but the attention core under selective
-recomputation, only the blocks' inputs under full recomputation; Korthikanti et al. 2022, sec. 5);
-`backward` runs the blocks in autograd's order, rebuilding a block's working set first where it was
-recomputed (Chen et al. 2016, sec. 3). The optimizer's step is `optimizer_step`'s; the parameters' shapes
-and the embedding and the head are in `gpt_ends`. Every size comes from the shape and the dtype.
+inventory they replay: for each phase the tensors every op allocates and when each is freed. A block's
+forward saves what autograd keeps for the backward (all of it, all but the attention core under selective
+recomputation, only the blocks' inputs under full recomputation; Korthikanti et al. 2022, sec. 5); the
+backward runs the blocks in autograd's order, rebuilding a block's working set first where it was
+recomputed (Chen et al. 2016, sec. 3). The optimizer's step is `optimizer_step`'s; the parameters' shapes,
+the embedding and the head, and the whole step (`forward`, `backward`) are in `gpt_ends`. Every size comes
+from the shape and the dtype.
 
 `StepShape` holds the sizes of one GPU's share (Korthikanti et al. 2022, Table 2): n tokens of the
 micro-batch's local sequence (s / cp under context parallelism), the tensor-parallel degree t dividing the
@@ -24,10 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distlab.memory.gpt_ends import gpt_parameter_sizes
 from distlab.memory.timeline import Timeline
-
-__all__ = ["StepShape", "backward", "block_backward", "block_forward", "forward", "gpt_parameter_sizes"]
 
 
 @dataclass(frozen=True)
@@ -272,23 +270,3 @@ def block_backward(tl: Timeline, i: int, sh: StepShape, option: str, grads: str 
     tl.free(f"d.{p}x1", f"d.{p}ln1.in")
     if grads != "grads":
         tl.free(*[k for k in tl.alive if k.startswith(f"g.{p}")])
-
-
-def forward(tl: Timeline, sh: StepShape, plan: list[str]) -> None:
-    """The forward pass and the loss, with `plan[i]` the recomputation option of block i."""
-    from distlab.memory.gpt_ends import embedding_forward, head_forward
-
-    embedding_forward(tl, sh)
-    for i, option in enumerate(plan):
-        block_forward(tl, i, sh, option)
-    head_forward(tl, sh)
-
-
-def backward(tl: Timeline, sh: StepShape, plan: list[str]) -> None:
-    """The backward pass, from the loss to the embedding's gradient, in autograd's order."""
-    from distlab.memory.gpt_ends import embedding_backward, head_backward
-
-    head_backward(tl, sh, f"x{len(plan)}")
-    for i in reversed(range(len(plan))):
-        block_backward(tl, i, sh, plan[i])
-    embedding_backward(tl, sh)

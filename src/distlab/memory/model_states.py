@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig
+from distlab.memory.config import MemoryConfig, total_params
 
 
 def _stage_params(c: MemoryConfig) -> float:
@@ -31,19 +31,6 @@ def _stage_params(c: MemoryConfig) -> float:
     if c.pp == 1:
         return split[0] * per_layer + embed + head
     return max(split[0] * per_layer + embed, split[-1] * per_layer + head, max(split) * per_layer)
-
-
-def total_params(c: MemoryConfig) -> float:
-    """The model's parameter count from its shape (`c.params` when given)."""
-    if c.params is not None:
-        return c.params
-    if not c.modern:
-        return cost_model.gpt_num_params(c.layers, c.hidden, c.vocab, c.seq)
-    h, f = c.hidden, c.ffn or 4 * c.hidden
-    biases = 7 * h + 2 * shape.kv_width(h, c.heads, c.kv_heads) + f * (2 if c.gated else 1)
-    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) + biases
-    return (c.layers * per_layer + c.vocab * h * (1 if c.tied else 2) + (c.seq * h if c.positions else 0)
-            + 2 * h)
 
 
 def params_per_gpu(c: MemoryConfig) -> float:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from distlab.memory import cost_model, estimator
 from distlab.memory.estimator import MemoryConfig
-from distlab.memory.gpt_step import StepShape, backward, forward, gpt_parameter_sizes
+from distlab.memory.gpt_ends import backward, forward, gpt_parameter_sizes
+from distlab.memory.gpt_step import StepShape
 from distlab.memory.optimizer_step import adam_form, adam_step, master_step
 from distlab.memory.timeline import KINDS, Timeline
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig, validate
+from distlab.memory.config import MemoryConfig, total_params, validate
 from distlab.memory.gpt_ends import (
     block_parameter_sizes,
     embedding_backward,
@@ -37,7 +37,6 @@ from distlab.memory.gpt_ends import (
     head_forward,
 )
 from distlab.memory.gpt_step import StepShape, block_backward, block_forward
-from distlab.memory.model_states import total_params
 from distlab.memory.optimizer_step import adam_form, adam_step, master_step
 from distlab.memory.timeline import Timeline
 

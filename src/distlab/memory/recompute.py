@@ -20,8 +20,6 @@ most bytes per recomputed FLOP, and keeps the rest.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from distlab.memory import cost_model
 from distlab.models import GPT, Block, CausalSelfAttention, GPTConfig, MLPBlock
+from distlab.timing import median_seconds
 
 LAYER_OPTIONS = ("none", "core", "mlp", "core+mlp", "block")
 RECOMPUTE_POLICIES = ("none", "selective", "full")
@@ -248,14 +247,12 @@ def time_recompute(
     out: dict[str, dict[str, float]] = {}
     for policy in policies:
         plan = policy_plan(policy, n)
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up
-            start = time.perf_counter()
+        def step(plan: list[str] = plan) -> None:
             recompute_forward(model, idx, idx, plan=plan)[1].backward()
-            times.append(time.perf_counter() - start)
-            model.zero_grad(set_to_none=True)
+
+        seconds = median_seconds(step, repeats, warmup=1, after=lambda: model.zero_grad(set_to_none=True))
         extra = plan_cost(config, batch, seq, plan)[1]
-        out[policy] = {"seconds": statistics.median(times[1:]), "predicted_overhead": extra / (3 * forward)}
+        out[policy] = {"seconds": seconds, "predicted_overhead": extra / (3 * forward)}
     base = out.get("none", {}).get("seconds")
     for v in out.values():
         v["measured_overhead"] = v["seconds"] / base - 1 if base else float("nan")

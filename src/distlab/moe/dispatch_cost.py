@@ -15,7 +15,7 @@ inclusion-exclusion:
 
 and node-limited routing caps it: J' = min(J, M) (`expected_nodes`). The saving is the ratio E[J']/k.
 
-Time of one dispatch on a cluster of chapter 8 (`distlab.hardware.topology.Cluster`: DGX-1, DGX A100,
+Time of one dispatch on a cluster of chapter 8 (`distlab.topology.Cluster`: DGX-1, DGX A100,
 DGX H100 servers on a fat tree; bandwidths per direction from `distlab.catalog`): B_net, a rank's share
 of its server's NICs, and B_nvl, the server's intra-node ring bottleneck (chapter 8's `bottleneck`);
 alpha_net and alpha_nvl the hop latencies of the topology. The flat all-to-all drives both kinds of link
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from distlab import catalog
-from distlab.hardware.cost_model import bottleneck
-from distlab.hardware.topology import Cluster
 from distlab.moe.gating import Routing
 from distlab.moe.node_limited import NodeLayout
+from distlab.ring_hops import bottleneck
+from distlab.topology import Cluster
 
 ID_BYTES = 4  # the expert ids travel as int32
 

@@ -13,7 +13,6 @@ logit can land on the other side of a near-tie on another CPU).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from distlab.mesh import group_rank, group_size
 from distlab.moe.cost_model import predict_all_to_all
 from distlab.moe.expert_parallel import ExpertParallelMoE
 from distlab.moe.load_balance import skewed_tokens
+from distlab.timing import cuda_sync, sample_seconds
 
 
 @dataclass
@@ -59,14 +59,9 @@ def measure_traffic(tokens_per_rank: int = 256, d_model: int = 64, d_hidden: int
             out = layer(x)
             out.y.square().mean().backward()
         layer.zero_grad()
-        if p > 1:
-            dist.barrier(group=group)
-        start = time.perf_counter()
-        layer(x).y.square().mean().backward()  # the same step again (no optimizer step in between), timed
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        layer.zero_grad()
+        # the same step again (no optimizer step in between), timed once, started after a barrier
+        seconds = sample_seconds(lambda x=x: layer(x).y.square().mean().backward(), 1, warmup=0, group=group,
+                                 barrier=True, sync=cuda_sync(dev), after=layer.zero_grad)[0]
         dispatch, combine = (int(log.sent_bytes(op="all_to_all", where=w, phase="forward"))
                              for w in ("dispatch", "combine"))
         rows.append(TrafficRow(step, dispatch, combine, predicted, out.routing.dropped_fraction(), seconds))

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from itertools import permutations
 
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
-from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.parallel3d.config import Plan3D
 from distlab.parallel3d.cost_model import AXES
 from distlab.parallel3d.placement import EXAMPLE_PLAN, predict_placement
+from distlab.topology import Cluster
 
 GRIDS = ((2, 2, 2), (1, 4, 1), (3, 1, 2), (2, 3, 1), (1, 2, 4))
 

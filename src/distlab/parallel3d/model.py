@@ -26,10 +26,10 @@ from torch import Tensor, nn
 from distlab.mesh import group_rank, group_size
 from distlab.models import GPT
 from distlab.parallel3d.checkpoint import ShardedParam
+from distlab.parallel3d.checkpoint.contract import tp_split
 from distlab.parallel3d.config import block_ranges
 from distlab.tensor_parallel import ParallelGPT, all_gather_seq, f
 from distlab.tensor_parallel.comm import Group
-from distlab.tensor_parallel.model import placement
 
 
 class Embed(nn.Module):
@@ -96,16 +96,6 @@ def build_stage(dense: GPT, stage: int, pp: int, tp_group: Group = None,
     parallel = ParallelGPT.from_dense(dense, group=tp_group, sequence_parallel=sequence_parallel)
     shapes = {n: tuple(p.shape) for n, p in dense.named_parameters()}
     return StageModel(parallel, stage, pp, shapes)
-
-
-def tp_split(name: str) -> tuple[int | None, int]:
-    """How chapter 5's `ParallelGPT` splits the dense parameter `name` over tp, as (dim, chunks): what the
-    layer that holds it declares (`tensor_parallel.model.placement`): the vocabulary rows of wte and the
-    output rows of c_fc along dim 0, the input columns of c_proj along dim 1; c_attn packs
-    [q_r | k_r | v_r], so its dim 0 is cut into 3 chunks, each split over tp; (None, 1) when replicated.
-    By name, not by shape, so that the stored layout is the same for every tp, 1 included."""
-    pl = placement(name)
-    return pl.dim, pl.chunks
 
 
 def named_shards(model: StageModel) -> list[ShardedParam]:

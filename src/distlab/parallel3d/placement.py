@@ -10,9 +10,9 @@ number of its (dp, pp, tp) coordinates taken in that order, and slot k is local 
 k // g (g GPUs per server). ("dp", "pp", "tp") keeps each tp group on one server; ("tp", "pp", "dp")
 spreads every tp group over servers: the wrong placement.
 
-`predict_placement` prices one step with chapter 8's topology (`distlab.hardware.topology.Cluster`,
+`predict_placement` prices one step with chapter 8's topology (`distlab.topology.Cluster`,
 links with bandwidth per direction from `distlab.catalog`) and its ring model
-(`distlab.hardware.cost_model.ring_hops`): all groups of an axis run their rings at once, so hops that cross
+(`distlab.ring_hops.ring_hops`): all groups of an axis run their rings at once, so hops that cross
 the same link share it. Each axis's calls then take, from `cost_model.predicted_traffic`,
 
     t_axis = (ring steps) x alpha + (bytes sent) / bandwidth,
@@ -29,12 +29,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.hardware.cost_model import ring_hops
-from distlab.hardware.topology import Cluster
 from distlab.mesh import coordinates, layout
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D
 from distlab.parallel3d.cost_model import AXES, predicted_traffic
+from distlab.ring_hops import ring_hops
+from distlab.topology import Cluster
 
 # The example the book and the lab price: a GPT of about 1.3 B parameters in bf16 on two DGX A100 servers:
 # GPT-3 XL's 24 layers of width 2048 (Brown et al. 2020, table 2.1; we use 16 heads of 128, since the

@@ -49,7 +49,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from distlab.collectives.cost_model import MachineParams
+from distlab.collectives.cost_model import (  # chapter 1's ring formulas (their fast path on one float)
+    MachineParams,
+    ring_all_gather_time,
+    ring_all_reduce_time,
+    ring_reduce_scatter_time,
+)
 from distlab.memory import shape
 from distlab.memory.estimator import params_per_gpu
 from distlab.parallel3d.placement import group_crosses_servers
@@ -105,22 +110,6 @@ def recompute_flops(model: ModelSpec, batch: int, recompute: str) -> float:
     if recompute == "full":
         return b * s * lyr * layer_flops_per_token(model)
     return 4 * b * s * s * h * lyr if recompute == "selective" else 0.0
-
-
-def ring_reduce_scatter_time(n: float, p: int, m: MachineParams) -> float:
-    """Chapter 1's ring reduce-scatter, (p - 1)(alpha + n/p (beta + gamma)), for one scalar size (the
-    planner calls it millions of times; `distlab.collectives.cost_model` is the vectorised original)."""
-    return (p - 1) * (m.alpha + n / p * (m.beta + m.gamma))
-
-
-def ring_all_gather_time(n: float, p: int, m: MachineParams) -> float:
-    """Chapter 1's ring all-gather of an n-byte result, (p - 1)(alpha + n/p beta), for one scalar size."""
-    return (p - 1) * (m.alpha + n / p * m.beta)
-
-
-def ring_all_reduce_time(n: float, p: int, m: MachineParams) -> float:
-    """Chapter 1's ring all-reduce: a reduce-scatter, then an all-gather."""
-    return ring_reduce_scatter_time(n, p, m) + ring_all_gather_time(n, p, m)
 
 
 def link(cluster: ClusterSpec, group: int, inner: int) -> MachineParams:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from distlab import catalog
 from distlab.collectives.cost_model import MachineParams, ring_all_gather_time, ring_reduce_scatter_time
-from distlab.hardware.topology import Latencies
 from distlab.memory.shape import block_weights
+from distlab.topology import Latencies
 
 H100_REPORT = "assets/gpu/nvidia-h100-80gb-hbm3-x1.json"
 _H100_RUN = "make gpu-check on one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, CUDA 13.0, bf16"

@@ -18,11 +18,11 @@ from typing import Any
 
 from distlab import catalog
 from distlab.collectives.cost_model import MachineParams
-from distlab.hardware.topology import Latencies
 from distlab.memory import shape
 from distlab.memory.estimator import MemoryConfig, total_params
 from distlab.plan import limits
 from distlab.plan.efficiency import efficiency_for
+from distlab.topology import Latencies
 
 # HBM capacity per GPU in GB (1e9 bytes). The catalog's A100 row is the 40 GB SXM4 part; the 80 GB part
 # (Selene, the Megatron-LM runs) is listed in the same datasheet family (nvidia2021a100: "80GB HBM2e").

@@ -17,8 +17,6 @@ the whole world or on any `group` (one dim of a mesh).
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -30,22 +28,7 @@ from distlab.models import GPTConfig, MLPBlock
 from distlab.tensor_parallel.comm import Group
 from distlab.tensor_parallel.layers import shard_cols, shard_rows
 from distlab.tensor_parallel.model import ParallelMLP
-
-
-def step_times(step: Callable[[], None], iters: int, group: Group) -> list[float]:
-    """Seconds of each of `iters` runs of `step` on this rank, each started after a barrier of `group`."""
-    times = []
-    for _ in range(iters):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _median_time(step: Callable[[], None], iters: int, group: Group) -> float:
-    step()  # warm-up
-    return statistics.median(step_times(step, iters, group))
+from distlab.timing import median_seconds
 
 
 def time_mlp_step(hidden: int = 256, batch: int = 8, seq: int = 64, iters: int = 10, *,
@@ -89,8 +72,8 @@ def time_mlp_step(hidden: int = 256, batch: int = 8, seq: int = 64, iters: int =
     with comm_log() as log:  # one step, counted apart: a log makes every op pass through Python
         step(ours)()
     out["bytes_per_step"] = log.bytes()
-    out["ours_s"] = _median_time(step(ours), iters, group)
-    out["torch_s"] = _median_time(step(theirs), iters, group)
-    out["collectives_s"] = _median_time(collectives, iters, group)
+    out["ours_s"] = median_seconds(step(ours), iters, group=group, barrier=True)
+    out["torch_s"] = median_seconds(step(theirs), iters, group=group, barrier=True)
+    out["collectives_s"] = median_seconds(collectives, iters, group=group, barrier=True)
     out["ours_over_torch"] = out["ours_s"] / out["torch_s"]
     return out

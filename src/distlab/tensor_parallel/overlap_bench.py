@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,10 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlab.mesh import group_rank, group_size
 from distlab.models import GPTConfig
-from distlab.tensor_parallel.bench import step_times
 from distlab.tensor_parallel.collective_matmul import overlap_collective_matmuls
 from distlab.tensor_parallel.comm import Group
 from distlab.tensor_parallel.model import ParallelMLP
+from distlab.timing import median_seconds, sample_seconds
 
 WAITS = ("communication.wait", "collective_matmul.wait")  # the profiler ranges that count as exposed
 
@@ -73,7 +72,7 @@ def _profiled_steps(step: Callable[[], None], iters: int, group: Group,
     prof = profile(activities=[ProfilerActivity.CPU])
     with _quiet_native_stderr():
         prof.start()
-    times = step_times(step, iters, group)
+    times = sample_seconds(step, iters, warmup=0, group=group, barrier=True)
     with _quiet_native_stderr():
         prof.stop()
     waited = sum(e.cpu_time_total for e in prof.events() if e.name in WAITS) / 1e6
@@ -125,14 +124,4 @@ def matmul_seconds(m: int, k: int, n: int, p: int, iters: int = 5) -> tuple[floa
     of m/p rows: the t_mm and t_c of `overlap_cost`, measured."""
     a, b = torch.randn(m, k), torch.randn(k, n)
     chunk = a[: m // p].contiguous()
-
-    def median(fn: Callable[[], object]) -> float:
-        fn()
-        runs = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - start)
-        return statistics.median(runs)
-
-    return median(lambda: a @ b), median(lambda: chunk @ b)
+    return median_seconds(lambda: a @ b, iters), median_seconds(lambda: chunk @ b, iters)

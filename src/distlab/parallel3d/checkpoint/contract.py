@@ -6,6 +6,8 @@ chunks that dim is cut before the split (3 for c_attn's packed [q | k | v], whos
 [q_r | k_r | v_r]), and whether it is the last pipeline stage's copy of the tied embedding (saved once,
 by stage 0; loaded into both copies). `model.named_shards` and `train.Trainer.params` both return it.
 `Checkpointable`: what a trainer offers (`parallel3d.train.Trainer3D` and `checkpoint.train.Trainer`).
+`tp_split`: the (dim, chunks) of each parameter of chapter 5's tensor-parallel GPT, which both trainers
+hold.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from torch import Tensor
+
+from distlab.tensor_parallel.model import placement
 
 
 @dataclass(frozen=True)
@@ -51,3 +55,13 @@ class Checkpointable(Protocol):
     def optimizer_state(self) -> dict[str, list[ShardedParam]]: ...
 
     def load_optimizer_state(self, state: dict[str, dict[str, Tensor]], steps: int) -> None: ...
+
+
+def tp_split(name: str) -> tuple[int | None, int]:
+    """How chapter 5's `ParallelGPT` splits the dense parameter `name` over tp, as (dim, chunks): what the
+    layer that holds it declares (`tensor_parallel.model.placement`): the vocabulary rows of wte and the
+    output rows of c_fc along dim 0, the input columns of c_proj along dim 1; c_attn packs
+    [q_r | k_r | v_r], so its dim 0 is cut into 3 chunks, each split over tp; (None, 1) when replicated.
+    By name, not by shape, so that the stored layout is the same for every tp, 1 included."""
+    pl = placement(name)
+    return pl.dim, pl.chunks

@@ -2,7 +2,7 @@
 
 It is the lab's small example of a checkpointable trainer, against the same contract as the 3D step
 (`train.Trainer3D`): `checkpoint.ShardedParam`, for every local parameter its dense GPT name, its local
-tensor and how it is split over tp (`model.tp_split`), and Adam's state per parameter. The optimizer is
+tensor and how it is split over tp (`contract.tp_split`), and Adam's state per parameter. The optimizer is
 chapter 7's ZeRO in one of its two forms (`TrainConfig.optimizer`): the engine with its own Adam
 (`"engine"`, state through `checkpoint.zero_state`), or `ShardedOptimizer` around `torch.optim.Adam`
 (`"sharded"`, state through its state dicts, `checkpoint.sharded_state`). The data are random tokens
@@ -27,10 +27,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.memory.zero import ShardedOptimizer, ZeRO
 from distlab.models import GPT, GPTConfig
-from distlab.parallel3d.checkpoint.contract import ShardedParam
+from distlab.parallel3d.checkpoint.contract import ShardedParam, tp_split
 from distlab.parallel3d.checkpoint.sharded_state import load_sharded_optimizer_state, sharded_optimizer_state
 from distlab.parallel3d.checkpoint.zero_state import load_zero_state, zero_state
-from distlab.parallel3d.model import tp_split
 from distlab.reference import Task, count_tokens, group_mean, lm_loss, train_reference
 from distlab.sharding import batch_indices
 from distlab.tensor_parallel.model import ParallelGPT
