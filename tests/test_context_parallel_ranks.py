@@ -160,7 +160,7 @@ def test_ring_attention_on_ranks(p: int, seq_len: int, uneven: int) -> None:
             step = res["dp_cp"]  # dp x cp: the loss and the gradients of one process on the whole batch
             assert step["loss"] <= TOL and step["grads"] <= TOL, step
             assert step["members"] == [0, 1, 2, 3] and step["axes"] == {"dp_cp"}
-            assert step["error"] == ("axes=['tp']: ['tp'] are not axes of the mesh, whose axes are "
+            assert step["error"] == ("flat_group(axes=['tp']): the mesh has no axis 'tp'; its axes are "
                                      "['dp', 'cp']; name axes the mesh has")
     if p == 2:
         for res in results:

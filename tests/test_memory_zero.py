@@ -196,7 +196,8 @@ def test_bad_inputs_have_clear_messages() -> None:
         errors["stage"]
     assert "stage=True is not a ZeRO stage" in errors["stage_bool"]
     assert "units ['Linear'] are not modules of the model; pass submodules of it" in errors["units"]
-    assert "axis='ep' is not an axis of the mesh, whose axes are ['dp']" in errors["axis"]
+    assert "dp_group(axis='ep'): the mesh has no axis 'ep'; its axes are ['dp']; build the mesh with " \
+        "distlab.mesh.grid(ep=..., ...)" in errors["axis"]
     assert "group=[0] (global ranks) does not contain this rank (1); pass the data-parallel group" in \
         errors["member"]
     assert errors["room"].startswith("offload=True needs 1,392 bytes of host memory on this rank")

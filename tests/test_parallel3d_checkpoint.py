@@ -339,5 +339,6 @@ def test_verify_without_ranks_names_the_missing_metadata(tmp_path):
 
 def test_bad_mesh_and_dtype_are_refused_with_the_fix():
     out = _damage_results()
-    assert "tp_dim='tp' is not a dim of the mesh, whose dims are ['dp']" in out["no_tp_dim"]
+    assert "to_dtensor(tp_dim='tp'): the mesh has no axis 'tp'; its axes are ['dp']; build the mesh with " \
+        "distlab.mesh.grid(dp=..., tp=...)" in out["no_tp_dim"]
     assert "must be torch.float64" in out["float32"] and "set_default_dtype" in out["float32"]

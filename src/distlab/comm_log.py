@@ -49,6 +49,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from distlab.comm_record import RING_FACTOR, CommRecord, ring_bytes
+from distlab.mesh import mesh_axes
 
 __all__ = ["RING_FACTOR", "CommLog", "CommRecord", "comm_log", "ring_bytes", "where"]
 
@@ -172,7 +173,7 @@ class CommLog(TorchDispatchMode):
         """group name -> axis, from the mesh (its axes, then its flattened axes) and `groups`."""
         named: dict[str, str] = {}
         if self.mesh is not None:
-            for name in self.mesh.mesh_dim_names or ():
+            for name in mesh_axes(self.mesh):
                 named.setdefault(self.mesh.get_group(name).group_name, name)
             # axes made by flattening (e.g. mesh["dp", "cp"]._flatten("dp_cp")): torch keeps them on the root
             flattened = getattr(self.mesh._get_root_mesh(), "_flatten_mapping", {})

@@ -24,7 +24,8 @@ axes into one group (DeviceMesh flattening), and `dp_cp_group` is the one the lo
 gradients are reduced over once the sequence is split too (context parallelism): dp x cp.
 
 `layout` computes the same grid without any process group, for pictures, exercises and tests.
-`group_rank` and `group_size` are what every chapter asks of the group it was given.
+`group_rank` and `group_size` are what every chapter asks of the group it was given. `mesh_axes` names a
+mesh's axes, and `require_axes` is the course's one "is this axis in the mesh" check and message.
 """
 
 from __future__ import annotations
@@ -168,16 +169,33 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
     return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 
+def mesh_axes(mesh: DeviceMesh) -> tuple[str, ...]:
+    """The names of `mesh`'s axes, outermost first; () for a mesh built without names."""
+    return tuple(mesh.mesh_dim_names or ())
+
+
+def require_axes(mesh: DeviceMesh, *axes: str, where: str, fix: str | None = None) -> tuple[str, ...]:
+    """The mesh's axes (as `mesh_axes`), or a ValueError if one of `axes` is not among them: the one
+    "is this axis in the mesh" check of the course. The message starts with `where` (the call and the
+    parameter that named the axis, e.g. "dp_group(axis='ep')"), names the missing axes and the mesh's
+    axes, and ends with `fix` (default: build the mesh with `grid` naming the missing axes)."""
+    names = mesh_axes(mesh)
+    missing = [a for a in axes if a not in names]
+    if missing:
+        if fix is None:
+            fix = "build the mesh with distlab.mesh.grid(" + "".join(f"{a}=..., " for a in missing) + "...)"
+        which = "axis" if len(missing) == 1 else "axes"
+        raise ValueError(f"{where}: the mesh has no {which} {', '.join(map(repr, missing))}; its axes are "
+                         f"{list(names)}; {fix}")
+    return names
+
+
 def flat_group(mesh: DeviceMesh, *axes: str) -> dist.ProcessGroup:
     """This rank's group over several axes of `mesh` at once (all of them when none is named): the ranks
     that differ only along `axes`, flattened into one group named "_".join(axes) in mesh order
     (DeviceMesh flattening, as torchtitan builds its "dp_cp" mesh). One axis is that axis's own group.
     Call it on every rank: the first call creates the group, a collective operation."""
-    names = tuple(mesh.mesh_dim_names or ())
-    unknown = [a for a in axes if a not in names]
-    if unknown:
-        raise ValueError(f"axes={list(axes)}: {unknown} are not axes of the mesh, whose axes are "
-                         f"{list(names)}; name axes the mesh has")
+    names = require_axes(mesh, *axes, where=f"flat_group(axes={list(axes)})", fix="name axes the mesh has")
     chosen = tuple(a for a in names if a in axes) if axes else names
     if len(chosen) == 1:
         return mesh[chosen[0]].get_group()
@@ -189,17 +207,16 @@ def dp_cp_group(mesh: DeviceMesh) -> dist.ProcessGroup:
     both by sequences (dp) and along each sequence (cp): dp x cp flattened, the ranks that hold the same
     weights but different tokens (Dubey et al. 2024, sec. 3.3.2 reduce gradients over cp and dp
     together). A mesh without a cp axis gives its dp group, one without dp its cp group."""
-    present = [a for a in ("dp", "cp") if a in (mesh.mesh_dim_names or ())]
+    present = [a for a in ("dp", "cp") if a in mesh_axes(mesh)]
     if not present:
-        raise ValueError(f"the mesh has axes {list(mesh.mesh_dim_names or ())} and neither dp nor cp; build "
+        raise ValueError(f"the mesh has axes {list(mesh_axes(mesh))} and neither dp nor cp; build "
                          "it with distlab.mesh.grid(dp=..., cp=...)")
     return flat_group(mesh, *present)
 
 
 def describe(mesh: DeviceMesh) -> str:
     """One line per axis: its size and its groups as global ranks (what a lab prints to show the mesh)."""
-    names = mesh.mesh_dim_names or ()
-    sizes = {name: mesh.size(i) for i, name in enumerate(names)}
+    sizes = {name: mesh.size(i) for i, name in enumerate(mesh_axes(mesh))}
     lines = []
     for name, groups in layout(**sizes).items():
         lines.append(f"{name} (size {sizes[name]}): " + " ".join("{" + ",".join(map(str, g)) + "}"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from distlab.dryrun.attention import check_attention
 from distlab.memory.estimator import MemoryConfig
+from distlab.mesh import coordinates
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.plan.inputs import preset
@@ -54,12 +55,12 @@ class DryLayout:
         return self.plan.world_size
 
     def coords(self, rank: int) -> dict[str, int]:
-        """(pp, dp, tp) of global `rank` on `distlab.mesh.grid`'s layout (pp outermost, tp innermost)."""
+        """(pp, dp, tp) of global `rank` on `distlab.mesh.grid`'s layout (pp outermost, tp innermost):
+        `distlab.mesh.coordinates`, after a check that names this layout."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank!r} is not a rank of {self.name}'s {self.world_size} ranks; choose "
                              f"0 <= rank < {self.world_size}")
-        p = self.plan
-        return {"pp": rank // (p.dp * p.tp), "dp": rank // p.tp % p.dp, "tp": rank % p.tp}
+        return coordinates(rank, pp=self.plan.pp, dp=self.plan.dp, tp=self.plan.tp)
 
     def describe(self) -> str:
         c, p = self.config, self.plan

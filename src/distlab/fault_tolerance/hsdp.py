@@ -32,16 +32,15 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.comm_log import where
 from distlab.memory.zero import fsdp
+from distlab.mesh import require_axes
 
 REPLICATE, SHARD = "dp_replicate", "dp_shard"
 
 
 def check_hsdp_mesh(mesh: DeviceMesh) -> None:
     """A ValueError unless `mesh` has the two axes of HSDP."""
-    names = tuple(mesh.mesh_dim_names or ())
-    if REPLICATE not in names or SHARD not in names:
-        raise ValueError(f"mesh has axes {list(names)}; HSDP needs a dp_replicate and a dp_shard axis: "
-                         "build it with distlab.mesh.grid(dp_replicate=R, dp_shard=S)")
+    require_axes(mesh, REPLICATE, SHARD, where="hsdp(model, mesh)",
+                 fix="build it with distlab.mesh.grid(dp_replicate=R, dp_shard=S)")
 
 
 def default_blocks(model: nn.Module) -> list[nn.Module]:

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
+from distlab.mesh import require_axes
+
 STAGES = (0, 1, 2, 3)
 
 
@@ -34,10 +36,9 @@ def check_group(group: dist.ProcessGroup | None) -> None:
 
 def dp_group(mesh: DeviceMesh, axis: str = "dp") -> dist.ProcessGroup:
     """The group of this rank along the mesh's data-parallel axis `axis`, the group ZeRO shards over."""
-    names = mesh.mesh_dim_names or ()
-    if axis not in names:
-        raise ValueError(f"axis={axis!r} is not an axis of the mesh, whose axes are {list(names)}; build the "
-                         f"mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel axis")
+    require_axes(mesh, axis, where=f"dp_group(axis={axis!r})",
+                 fix=f"build the mesh with distlab.mesh.grid({axis}=..., ...) so that it has a data-parallel "
+                 "axis")
     return mesh[axis].get_group()
 
 

@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from distlab.mesh import mesh_axes, require_axes
 from distlab.parallel3d.checkpoint import atomic, checksums
 from distlab.parallel3d.checkpoint.contract import Checkpointable, ShardedParam
 from distlab.parallel3d.checkpoint.errors import CheckpointError, from_dcp, from_dcp_save
@@ -56,10 +57,8 @@ from distlab.parallel3d.checkpoint.verify import read_metadata, verify
 def to_dtensor(p: ShardedParam, mesh: DeviceMesh, tp_dim: str = "tp") -> DTensor:
     """`p.local` as a DTensor on `mesh`: `Shard(p.dim)` along the mesh dim `tp_dim`, `Replicate()` along
     every other dim (Zhao et al. 2023 describe the placements; see torch.distributed.tensor)."""
-    names = mesh.mesh_dim_names or ()
-    if tp_dim not in names:
-        raise ValueError(f"tp_dim={tp_dim!r} is not a dim of the mesh, whose dims are {list(names)}; "
-                         "build the mesh with distlab.mesh.grid(dp=..., tp=...)")
+    names = require_axes(mesh, tp_dim, where=f"to_dtensor(tp_dim={tp_dim!r})",
+                         fix=f"build the mesh with distlab.mesh.grid(dp=..., {tp_dim}=...)")
     local, dim = p.stored()
     placements = [Shard(dim) if n == tp_dim and dim is not None else Replicate() for n in names]
     return DTensor.from_local(local, mesh, placements, run_check=False)
@@ -68,7 +67,7 @@ def to_dtensor(p: ShardedParam, mesh: DeviceMesh, tp_dim: str = "tp") -> DTensor
 def stage_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The mesh this rank's parameters are spread over: `mesh` without its "pp" dim (this rank's pipeline
     stage's (dp, tp) sub-mesh; the other stages hold other keys), or `mesh` itself if it has none."""
-    names = mesh.mesh_dim_names or ()
+    names = mesh_axes(mesh)
     if "pp" not in names:
         return mesh
     rest = tuple(n for n in names if n != "pp")
