@@ -137,7 +137,7 @@ def test_published_table_matches_the_papers() -> None:
         assert r.batch * r.model_spec().seq == 16 * 2**20  # 16M tokens per batch
         assert r.tflops / 989.4 == pytest.approx(r.mfu, abs=0.01)  # TFLOPs/GPU and MFU agree
     assert preset("llama3-405b").params == pytest.approx(405e9, rel=0.05)
-    bib = (Path(__file__).parents[1] / "book" / "references.bib").read_text()
+    bib = (Path(__file__).parents[2] / "book" / "references.bib").read_text()
     keys = set(re.findall(r"^@\w+\{([^,]+),", bib, re.M))
     assert {r.source for r in RUNS} | {src for _, src, _ in HBM_GB.values()} <= keys
     assert {"nvidia2021megatronlm", "bigscience2022tr11"} <= keys  # the layouts' sources (published.py)
@@ -313,7 +313,7 @@ def test_exercise_check_accepts_the_solution_and_explains_a_wrong_answer() -> No
 def test_the_chapter_prints_the_tables_from_the_data() -> None:
     from distlab.plan.report import judged_markdown
 
-    chapter = (Path(__file__).parents[1] / "book" / "09-putting-it-together.md").read_text()
+    chapter = (Path(__file__).parents[2] / "book" / "09-putting-it-together.md").read_text()
     assert published_markdown() in chapter and judged_markdown() in chapter
 
 

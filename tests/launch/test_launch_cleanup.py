@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launch import alive, script, wait_gone
 
 from distlab import launch
 from distlab.launch import processes
+from tests.launch.test_launch import alive, script, wait_gone
 
 
 def _start_children() -> list[int]:

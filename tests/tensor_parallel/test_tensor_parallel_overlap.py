@@ -2,13 +2,13 @@
 
 One launch of 4 ranks makes groups of 1, 2, 3 and 4 ranks (the first p ranks; rank 3 alone is in the
 group of 4 only, so the code also runs on a sub-group of a larger world) and on each checks, in float64
-(1e-10, as tests/test_tensor_parallel.py: only the order of additions differs):
+(1e-10, as tests/tensor_parallel/test_tensor_parallel.py: only the order of additions differs):
 - a sequence-parallel ParallelGPT with overlapped layers (attention and MLP) against the dense GPT on one
   process (logits, loss, every gradient);
 - the bytes (on the groups of 2 and 3): per layer and phase, what the ring's sends carry equals what
   chapter 5's blocking all-gathers and reduce-scatters send (their records as
-  `cost_model.expected_records` derives them and tests/test_tensor_parallel.py checks them against a
-  log; `ring_bytes`), forward and backward;
+  `cost_model.expected_records` derives them and tests/tensor_parallel/test_tensor_parallel.py checks them
+  against a log; `ring_bytes`), forward and backward;
 - `all_gather_matmul` / `matmul_reduce_scatter` against torch's own reference of its fused ops
   (`_fused_all_gather_matmul_fallback`, `_fused_matmul_reduce_scatter_fallback`);
 - a sequence that p does not divide raises the same ValueError on every rank.

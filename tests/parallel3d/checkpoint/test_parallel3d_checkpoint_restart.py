@@ -28,7 +28,7 @@ from distlab.parallel3d.multinode import run_standalone
 from distlab.parallel3d.restart import parse_args, summarize
 
 STEPS, EVERY, KILL_AT = 8, 3, 5
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _readme_command() -> list[str]:

@@ -1,6 +1,6 @@
 """Chapter 7 (memory, the core half): accounting against prediction, recomputation parity, the estimator.
 
-Mixed precision, accumulation and the exercises are in tests/test_memory_precision.py.
+Mixed precision, accumulation and the exercises are in tests/memory/test_memory_precision.py.
 """
 
 from __future__ import annotations

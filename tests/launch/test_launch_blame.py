@@ -14,10 +14,10 @@ import time
 
 import torch
 import torch.distributed as dist
-from test_launch_diagnosis import within
 
 from distlab import launch
 from distlab.collectives import ring_all_reduce
+from tests.launch.test_launch_diagnosis import within
 
 
 def _irecv_from_a_rank_that_exits() -> None:

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from distlab.gpu_check import report
-from distlab.gpu_check.__main__ import NO_GPU, main
+from distlab.gpu_check.__main__ import NO_GPU, gpu_test_files, main
 from distlab.gpu_check.environment import facts, slug
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
-<testcase classname="tests.test_gpu" name="test_every_chapter_on_nccl[1]" time="9.1"/>
-<testcase classname="tests.test_gpu" name="test_gloo_over_cuda_tensors" time="3.0">
+<testcase classname="tests.gpu_check.test_gpu" name="test_every_chapter_on_nccl[1]" time="9.1"/>
+<testcase classname="tests.gpu_check.test_gpu" name="test_gloo_over_cuda_tensors" time="3.0">
 <failure message="AssertionError: sum differs">trace</failure></testcase>
-<testcase classname="tests.test_gpu" name="test_cuda_peak_matches_the_predicted_peak" time="0.0">
+<testcase classname="tests.gpu_check.test_gpu" name="test_cuda_peak_matches_the_predicted_peak" time="0.0">
 <skipped type="pytest.skip" message="needs a CUDA GPU">skip</skipped></testcase>
 </testsuite></testsuites>"""
 ENV = {"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_GiB": 79.1,
@@ -38,8 +38,8 @@ def test_the_report_names_the_node_and_every_test_that_did_not_pass(tmp_path):
     xml.write_text(JUNIT)
     tests = report.test_outcomes(xml)
     assert [t["outcome"] for t in tests] == ["passed", "failed", "skipped"]
-    assert tests[1] == {"test": "tests/test_gpu.py::test_gloo_over_cuda_tensors", "outcome": "failed",
-                        "message": "AssertionError: sum differs"}
+    assert tests[1] == {"test": "tests/gpu_check/test_gpu.py::test_gloo_over_cuda_tensors",
+                        "outcome": "failed", "message": "AssertionError: sum differs"}
     run = {"environment": ENV, "tests": tests, "pytest_status": 1}
     assert not report.passed(run)
     assert not report.passed(run | {"tests": [tests[0], tests[2]], "pytest_status": 0})  # a skip is no pass
@@ -56,7 +56,8 @@ def test_the_report_names_the_node_and_every_test_that_did_not_pass(tmp_path):
     assert text.startswith("distlab gpu-check: FAILED\nGPUs: cuda:0 NVIDIA H100 80GB HBM3 (79.1 GiB, sm 9.0)")
     assert "driver 550.54.15, CUDA 12.4, NCCL 2.21.5, torch 2.13.0" in text
     assert "tests (pytest -m gpu): 1 passed, 1 failed, 0 error, 1 skipped" in text
-    assert "FAILED: tests/test_gpu.py::test_gloo_over_cuda_tensors: AssertionError: sum differs" in text
+    assert ("FAILED: tests/gpu_check/test_gpu.py::test_gloo_over_cuda_tensors: AssertionError: sum differs"
+            in text)
 
 
 def test_the_timed_block_is_the_planners_block_on_one_gpu_of_tp():
@@ -94,7 +95,7 @@ def test_the_book_quotes_the_committed_gpu_report():
     node): every number in the book is the report's, rounded as printed."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     data = json.loads((root / "assets" / "gpu" / "nvidia-h100-80gb-hbm3-x1.json").read_text())
     assert report.passed(data) and data["environment"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     book = (root / "book" / "08-hardware.md").read_text()
@@ -106,3 +107,15 @@ def test_the_book_quotes_the_committed_gpu_report():
             line = next(x for x in book.splitlines() if x.startswith(f"| {rows[row['test']]}"))
             assert f"{row['measured_GBps']:.1f} GB/s" in line, (row["test"], line)
             assert f"{row['percent_of_spec']:.0f} %" in line, (row["test"], line)
+
+
+def test_make_gpu_check_finds_the_gpu_tests_in_the_subfolders():
+    """tests/ mirrors src/distlab in subfolders; `pytest -m gpu` must still be handed every file with gpu
+    tests (it looked in tests/ itself only, and would have run none)."""
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    files = {Path(f).relative_to(tests).as_posix() for f in gpu_test_files(str(tests))}
+    assert {"gpu_check/test_gpu.py", "gpu_check/test_gpu_check_shared.py",
+            "tensor_parallel/test_tensor_parallel_overlap.py"} <= files, files
+    assert all("pytest.mark.gpu" in (tests / f).read_text() for f in files)

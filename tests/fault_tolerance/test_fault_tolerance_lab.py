@@ -13,7 +13,7 @@ import pytest
 
 from distlab.fault_tolerance.torchft_compare import TORCHFT_INSTALL, torchft_missing
 
-LAB = Path(__file__).resolve().parents[1] / "labs" / "11_fault_tolerance.ipynb"
+LAB = Path(__file__).resolve().parents[2] / "labs" / "11_fault_tolerance.ipynb"
 
 
 def _code_cells() -> tuple[str, list[str]]:

@@ -11,7 +11,7 @@ import pytest
 
 from distlab.pipeline.figures import pipeline_frame
 
-LAB = Path(__file__).resolve().parents[1] / "labs" / "04_pipeline.ipynb"
+LAB = Path(__file__).resolve().parents[2] / "labs" / "04_pipeline.ipynb"
 
 
 def _static_grid() -> tuple[dict, dict]:

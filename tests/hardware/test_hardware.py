@@ -20,7 +20,7 @@ from distlab.hardware import cost_model as hw_cost
 from distlab.hardware.probe import gpus as probe_gpus
 from distlab.hardware.probe import host as probe_host
 
-BOOK = Path(__file__).resolve().parents[1] / "book" / "08-hardware.md"
+BOOK = Path(__file__).resolve().parents[2] / "book" / "08-hardware.md"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ NBVAL_XML = (
 ENV = {"gpus": [{"index": 0, "name": "NVIDIA H200", "memory_GiB": 139.8, "compute_capability": "9.0"}],
        "driver": "580.0", "cuda": "13.0", "nccl": "2.28.9", "torch": "2.11.0+cu130", "python": "3.12.3",
        "platform": "Linux x86_64"}
-PASSING_TEST = {"test": "tests/test_gpu.py::test_every_chapter_on_nccl[1]", "outcome": "passed",
+PASSING_TEST = {"test": "tests/gpu_check/test_gpu.py::test_every_chapter_on_nccl[1]", "outcome": "passed",
                 "message": ""}
 
 

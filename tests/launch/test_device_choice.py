@@ -103,7 +103,7 @@ def _checks() -> dict:
 def test_every_chapter_check_launches_with_the_auto_rule(fake_gpus, monkeypatch, gpus):
     """The checks leave the choice to `launch.run`'s auto rule, so that on a GPU node their ranks get NCCL
     exactly when there is a GPU per rank (and then their tensors must be on `launch.device()`, which
-    tests/test_device_strict.py checks on CPU)."""
+    tests/gpu_check/test_device_strict.py checks on CPU)."""
     fake_gpus(gpus)
     seen: list[tuple[int, str]] = []
 

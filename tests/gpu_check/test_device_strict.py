@@ -116,12 +116,11 @@ def test_every_chapter_check_passes_a_right_solution_under_the_strict_rule(stric
     """Chapters 2, 5, 6 and 7's multi-rank checks make their tensors and layers on `launch.device()` and
     their references on the CPU, so a right solution passes when tensors made without device= would
     fail (they did before: each check's inputs were made on the default device)."""
-    from test_tensor_parallel import RightF, RightG, make_row_linear, right_shard
-
     from distlab.data_parallel.exercises import check_bucketed_all_reduce
     from distlab.memory.zero.exercises import check_zero2_hook, zero2_reduce_scatter
     from distlab.moe.exercises import check_expert_parallel
     from distlab.tensor_parallel.exercises import check_tensor_parallel
+    from tests.tensor_parallel.test_tensor_parallel import RightF, RightG, make_row_linear, right_shard
 
     results = [check_bucketed_all_reduce(_average_bucket, world_sizes=(2,)),
                check_tensor_parallel(RightF.apply, RightG.apply, right_shard, make_row_linear(RightG.apply),

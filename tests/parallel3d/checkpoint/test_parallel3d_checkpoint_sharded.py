@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_parallel3d_checkpoint import _flip, _train  # the same helpers as the engine's checkpoint tests
 
 from distlab import launch, mesh, parity
 from distlab.parallel3d import checkpoint
 from distlab.parallel3d.checkpoint.train import TrainConfig, Trainer, reference_run
+from tests.parallel3d.checkpoint.test_parallel3d_checkpoint import _flip, _train  # shared helpers
 
 CFG = TrainConfig(optimizer="sharded")
 STEPS = 6

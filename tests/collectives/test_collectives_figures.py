@@ -245,5 +245,5 @@ def test_figure_arguments_are_checked(call, message):
 def test_chapter_1_figures_are_registered_and_included():
     names = {f.filename for f in book.BOOK_FIGURES}
     assert CHAPTER_1_FILES <= names
-    page = (Path(__file__).resolve().parents[1] / "book" / "01-collectives.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "book" / "01-collectives.md").read_text()
     assert CHAPTER_1_FILES == set(re.findall(r"figures/([\w.-]+\.png)", page))

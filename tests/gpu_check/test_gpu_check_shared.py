@@ -2,7 +2,7 @@
 
 NCCL gives each rank a GPU of its own, so a node with one GPU cannot run 4 NCCL ranks. gloo can move
 CUDA tensors, and `DISTLAB_DEVICE=cuda` puts every gloo rank's tensors on the shared GPU
-(`distlab.launch.devices`). Each chapter's check of tests/test_gpu.py then runs on 4 ranks inside a
+(`distlab.launch.devices`). Each chapter's check of tests/gpu_check/test_gpu.py then runs on 4 ranks inside a
 `RuleLog` whose device is the rank's (`cuda:0`): every tensor handed to a collective must be on it, as
 under NCCL. The results leave the ranks on the CPU and are compared there with one process's reference.
 gloo stages the CUDA tensors of its collectives through host memory but not those of send and recv,
@@ -29,9 +29,8 @@ GLOO_P2P = "over gloo: gloo sends and receives host memory only"
 
 def _shared_chapters(root: str) -> dict:
     """On each gloo rank, tensors on the shared cuda:0: every chapter's check inside a device RuleLog."""
-    from test_gpu import _checks, _cpu  # the chapters' checks, as the NCCL test runs them
-
     from distlab.gpu_check.rules import rule_log
+    from tests.gpu_check.test_gpu import _checks, _cpu  # the chapters' checks, as the NCCL test runs them
 
     p, dev = launch.world_size(), launch.device()
     assert launch.backend() == "gloo" and dev == torch.device("cuda", 0), (launch.backend(), dev)
@@ -47,7 +46,7 @@ def _shared_chapters(root: str) -> dict:
 
 
 def test_every_chapter_with_four_ranks_sharing_one_gpu(tmp_path, monkeypatch):
-    from test_gpu import _verdicts
+    from tests.gpu_check.test_gpu import _verdicts
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("DISTLAB_DEVICE", "cuda")

@@ -122,7 +122,7 @@ def test_bias_moves_by_the_sign_of_the_load_error_and_steers_only_the_choice():
 
 def test_aux_loss_free_balances_the_load_without_a_loss_term():
     # Step 0 is the unbalanced start that train_balance(0.0) also starts from (bias 0, same seeds); without
-    # balancing that run collapses further (tests/test_moe.py), with the bias the load evens out.
+    # balancing that run collapses further (tests/moe/test_moe.py), with the bias the load evens out.
     free = train_aux_free(1e-2, steps=30, tokens_per_step=128)
     start, end = float(free.imbalance()[:5].mean()), float(free.imbalance()[-10:].mean())
     assert end < 0.7 * start and start > 2
