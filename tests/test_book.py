@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 import pytest
-from book_build import ROOT, Build, build
 
 from distlab.student import BEGIN
+from tests.book_build import ROOT, Build, build
 
 # A script, stylesheet or image that the page itself loads from another host (a plain <a href> is fine).
 REMOTE_ASSET = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"'](?:https?:)?//[^\"']+",

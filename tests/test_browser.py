@@ -25,7 +25,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from book_build import ROOT, build
+
+from tests.book_build import ROOT, build
 
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 900}

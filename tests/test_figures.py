@@ -1,16 +1,16 @@
 """The book's figure registry, course-wide: every figure a chapter includes is registered once, and
 `python -m distlab.figures` writes exactly those. Each chapter's own figures are tested with the chapter
-(tests/test_collectives_figures.py for chapter 1)."""
+(tests/collectives/test_collectives_figures.py for chapter 1)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import book_build
 import pytest
 
 from distlab import figures as book
+from tests import book_build
 
 
 def book_figure_files() -> set[str]:

@@ -1,8 +1,9 @@
 """`python -m distlab.gpu_check` (what `make gpu-check` runs): everything that needs CUDA, on this node.
 
-1. `pytest -m gpu` on the repository's tests (tests/test_gpu*.py): every chapter on NCCL at world size 1
-   and at one rank per GPU, gloo over CUDA tensors, every chapter's multi-rank code with several ranks
-   sharing cuda:0 under the strict device rule, chapter 7's measured peak against its prediction;
+1. `pytest -m gpu` on the repository's tests (tests/gpu_check/test_gpu*.py and the others marked gpu):
+   every chapter on NCCL at world size 1 and at one rank per GPU, gloo over CUDA tensors, every
+   chapter's multi-rank code with several ranks sharing cuda:0 under the strict device rule, chapter 7's
+   measured peak against its prediction;
 2. every lab under nbval (`labs.run_labs`), twice: on the node's GPUs as they are ("gpus": NCCL with a GPU
    per rank where there are enough) and with every rank on one shared GPU ("shared": gloo over cuda:0);
    per lab, how many cells passed and failed;
@@ -51,11 +52,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def gpu_test_files(tests: str) -> list[str]:
+    """The test files under `tests`, in every subfolder, that hold tests marked `gpu`: importing the
+    others would only skip or deselect them."""
+    return sorted(str(f) for f in Path(tests).rglob("test_*.py") if "pytest.mark.gpu" in f.read_text())
+
+
 def run_tests(tests: str) -> tuple[list[dict], int]:
     """`pytest -m gpu` in a child process (a fresh CUDA context, its output shown as it runs); the
     outcome of every test and pytest's exit status."""
-    # only the files that hold gpu tests: importing the others would only skip or deselect them
-    files = sorted(str(f) for f in Path(tests).glob("test_*.py") if "pytest.mark.gpu" in f.read_text())
+    files = gpu_test_files(tests)
     with tempfile.TemporaryDirectory(prefix="distlab-gpu-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", "-m", "gpu", *files, "-p", "no:cacheprovider", "-rA",

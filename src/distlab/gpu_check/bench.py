@@ -23,7 +23,7 @@ import torch
 # (layers, hidden, heads, batch, seq, vocab): large enough that 512-byte rounding is far below 1 %
 SHAPES = ((2, 256, 4, 4, 128, 512), (4, 512, 8, 2, 256, 1024))
 CASES = (("fp32", "none"), ("fp32", "full"), ("mixed", "none"), ("mixed", "selective"))
-MEMORY_TOLERANCE = 0.05  # chapter 7's stated goal for the predicted peak (tests/test_memory_peak.py)
+MEMORY_TOLERANCE = 0.05  # chapter 7's stated goal for the predicted peak (tests/memory/test_memory_peak.py)
 
 
 def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, vocab: int,

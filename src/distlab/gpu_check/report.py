@@ -22,7 +22,8 @@ from distlab.gpu_check.labs import labs_passed
 
 
 def test_outcomes(junit_xml: str | Path) -> list[dict]:
-    """[{"test": "tests/test_gpu.py::name[param]", "outcome": ..., "message": ...}] from a JUnit XML file."""
+    """[{"test": "tests/gpu_check/test_gpu.py::name[param]", "outcome": ..., "message": ...}] from a
+    JUnit XML file."""
     rows = []
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
         name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"

@@ -15,7 +15,7 @@ One pattern that is right on a GPU node fails here: building a model on the defa
 moving it (`MLP(sizes).to(device)`), because a meta tensor has no data to move. Such code runs under
 the rule once it builds inside `with torch.device("cpu"):` (as the chapter checks do); the chapters'
 trainers (data, tensor, pipeline and context parallelism, MoE, 3D) still build and move, so on CPU the
-rule covers the exercise checks, and a GPU node's NCCL run (tests/test_gpu.py) covers the trainers.
+rule covers the exercise checks, and a GPU node's NCCL run (tests/gpu_check/test_gpu.py) covers the trainers.
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ micro-batch's local sequence (s / cp under context parallelism), the tensor-para
 attention's and the MLP's inner tensors (q, k, v, the attention output, the MLP's f-wide tensors, the
 logits over the vocabulary), and `sp` dividing the residual stream's tensors too under sequence
 parallelism. With t = sp = 1, flash attention and no dropout it is the course's `distlab.models.GPT` on
-one process, which the CPU measures exactly (`tests/test_memory_peak.py`). The options of a modern block
-(`distlab.memory.shape`): h_kv-wide K and V (grouped-query attention), an f-wide MLP, gated (gate and up
-outputs and their product saved, as the estimator counts them); "math" attention saves the s x s
-softmax and, with dropout, its one-byte mask and output; dropout after each block's two projections
-saves a one-byte mask; FP8 keeps the four linear layers' saved inputs in one byte.
+one process, which the CPU measures exactly (`tests/memory/test_memory_peak.py`). The options of a
+modern block (`distlab.memory.shape`): h_kv-wide K and V (grouped-query attention), an f-wide MLP,
+gated (gate and up outputs and their product saved, as the estimator counts them); "math"
+attention saves the s x s softmax and, with dropout, its one-byte mask and output; dropout after each
+block's two projections saves a one-byte mask; FP8 keeps the four linear layers' saved inputs in one
+byte.
 """
 
 from __future__ import annotations

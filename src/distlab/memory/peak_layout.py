@@ -19,7 +19,8 @@ pipeline stage by pipeline stage, and keeps the largest:
 - the optimizer's step: the fp32 master gradients and Adam's scratch in the implementation that runs
   (`optimizer_step`), on the dp shard under ZeRO; nothing on the GPU with offload.
 
-For one GPU (t = p = c = d = 1, m = 1) this is `predict_peak` to the byte (`tests/test_memory_layout.py`).
+For one GPU (t = p = c = d = 1, m = 1) this is `predict_peak` to the byte
+(`tests/memory/test_memory_layout.py`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ inside the group, so the layer runs unchanged on one dim of a larger mesh.
 Autograd: `AllToAll` is a torch.autograd.Function whose backward is the reverse all-to-all (the
 gradient of a permutation of rows is the inverse permutation), so the backward pass of one layer costs
 two more all-to-alls. Routing is identical to `MoELayer(..., group_sizes=tokens per rank)`, so outputs
-and gradients match the single-process reference (tests/test_moe.py).
+and gradients match the single-process reference (tests/moe/test_moe.py).
 """
 
 from __future__ import annotations

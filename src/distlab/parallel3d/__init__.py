@@ -35,7 +35,8 @@ from distlab.parallel3d.model import StageModel, build_stage, named_shards
 from distlab.parallel3d.parity import parity_3d, reference_run
 from distlab.parallel3d.train import RankRun3D, Trainer3D, make_batches, train_3d
 
-compare = parity_3d  # the older name, which tests/test_parallel3d_checkpoint_3d.py imports
+# the older name, which tests/parallel3d/checkpoint/test_parallel3d_checkpoint_3d.py imports
+compare = parity_3d
 
 __all__ = [
     "Plan3D",

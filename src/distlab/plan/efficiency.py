@@ -13,7 +13,7 @@ a = 64, s = 2048, b = 4) as one GPU of a tensor-parallel group of t = 8 runs it,
   share on one NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, CUDA 13.0, bf16, flash attention through
   `scaled_dot_product_attention`): 1.891 ms forward, 3.819 ms backward, medians of 10 steps. The kernels
   ran alone, with no communication at all, so nothing is subtracted. The report is committed as
-  `assets/gpu/nvidia-h100-80gb-hbm3-x1.json` (key "block"); `tests/test_plan_published.py` holds this
+  `assets/gpu/nvidia-h100-80gb-hbm3-x1.json` (key "block"); `tests/plan/test_plan_published.py` holds this
   table to it.
 
 Then, with P the catalog's dense 16-bit peak and W the block's matrix weights (12 h^2 here),

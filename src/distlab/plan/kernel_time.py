@@ -176,7 +176,7 @@ def block_seconds(timing: BlockTiming, rates: KernelRates) -> float:
 def fallback_rates(gpu: str) -> KernelRates:
     """`kernel_rates.fallback(gpu)` with the bf16 GEMM curve's f_half fitted (bisection) so that the parts
     reproduce the 22B block this course timed on an H100 (`efficiency.MEASURED`); the Llama 3 block
-    (`efficiency.SHAPE_STUDY`) is the check (`tests/test_plan_kernel_time.py`)."""
+    (`efficiency.SHAPE_STUDY`) is the check (`tests/plan/test_plan_kernel_time.py`)."""
     base = fallback(gpu)
     block = next(b for b in MEASURED if b.gpu == "H100")
     measured = (block.forward_ms + block.backward_ms) * 1e-3

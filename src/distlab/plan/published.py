@@ -141,7 +141,7 @@ RUNS = (
 
 
 # The options each team had when it ran: what `plan` may choose from to be compared with the published
-# choice (the 10 % goal of tests/test_plan_published.py). Megatron-LM 2021 (and the GPT-3 estimate): no
+# choice (the 10 % goal of tests/plan/test_plan_published.py). Megatron-LM 2021 (and the GPT-3 estimate): no
 # ZeRO, no context parallelism, full recomputation in every Table 1 run, p v dividing L; DeepSpeed's
 # pipeline (BLOOM, MT-NLG): 1F1B only, ZeRO 0-1; Llama 3: its own v and N, and cp only at 128K tokens.
 _MEG = dict(zero_stages=(0,), max_cp=1, recomputes=("full",), max_micro_batch=1, uneven=False)

@@ -14,8 +14,9 @@ Pipeline stages: with a "pp" dim in the mesh, each rank's DTensors live on its o
 sub-mesh and its state dict holds only its stage's keys. DCP's planner needs no more: each rank plans
 its own keys, the coordinator merges the plans (a key on no other rank is simply kept), and the metadata
 records, per key, the chunks each rank wrote. A load on another (dp, pp, tp) asks, per rank, for the
-chunks of its new stage's keys, wherever they were written (tests/test_parallel3d_checkpoint_3d.py
-checks that the chunks of every key cover it exactly once).
+chunks of its new stage's keys, wherever they were written
+(tests/parallel3d/checkpoint/test_parallel3d_checkpoint_3d.py checks that the chunks of every key
+cover it exactly once).
 
 ZeRO's optimizer state is the awkward part. Chapter 7 lays each unit's parameters end to end in one flat
 buffer and gives dp-rank i the i-th equal slice; that slice cuts across parameters, and on another mesh
