@@ -16,8 +16,9 @@ memory-bound; with delayed scaling, 3. So
 and FP8 pays when t_fp8 < t_gemm(2). Small matmuls are memory-bound in both precisions, and there the
 casts make FP8 *slower*; large ones approach the 2x of the peak ratio. (In a training step each operand is
 cast once per matmul it enters; the model counts the forward GEMM's two operands.) The peaks are data with
-their source: BF16 from `distlab.catalog` (the H200's from `distlab.kernel_rates.SPECS`), FP8 from
-`FP8_DENSE_TFLOPS` here.
+their source, both from chapter 8's `distlab.catalog` (through `distlab.kernel_rates.SPECS`): dense, no
+sparsity (H100 SXM5: the whitepaper's Table 2, 1,978.9 dense FP8 TFLOP/s; NVIDIA's pages print the
+"with sparsity" figures, twice these).
 
 That roofline (`model="roofline"`) is the best case, and measured on an H200 it was 3-4x off: it put the
 break-even near d = 2,050, where FP8 ran at 0.18x of bf16, and FP8 paid only from d = 8,192 (issue 35).
@@ -36,21 +37,15 @@ import numpy as np
 from distlab import kernel_rates
 from distlab.kernel_rates import KernelRates
 
-# Peak dense FP8 Tensor Core TFLOP/s, no sparsity (the sparse figure is twice this). H100 SXM5: NVIDIA
-# H100 Tensor Core GPU Architecture whitepaper (nvidia2022hopper), Table 2: 1,978.9 dense FP8 (3,957.8
-# with sparsity); the datasheet (nvidia2023h100) prints "3,958 teraFLOPS*" with "* with sparsity".
-FP8_DENSE_TFLOPS = {"H100": (1978.9, "nvidia2022hopper"), "H200": (1979.0, "nvidia2024h200")}
-
 # Bytes per value of a cast: read the bf16 value (twice with current scaling: amax, then scale), write 1.
 CAST_BYTES = {"current": 5, "delayed": 3}
 
 
 def _gpu(gpu: str) -> tuple[float, float, float]:
-    """Peak bf16 and FP8 FLOP/s and HBM bytes/s (`distlab.kernel_rates.SPECS`: the catalog's H100, and
-    the H200)."""
-    if gpu not in FP8_DENSE_TFLOPS:
-        raise ValueError(f"gpu={gpu!r} has no FP8 peak in FP8_DENSE_TFLOPS; choose one of "
-                         f"{', '.join(FP8_DENSE_TFLOPS)} (earlier GPUs have no FP8 Tensor Cores)")
+    """Peak bf16 and FP8 FLOP/s and HBM bytes/s (`distlab.kernel_rates.SPECS`, from the catalog)."""
+    if gpu not in kernel_rates.SPECS:
+        raise ValueError(f"gpu={gpu!r} has no FP8 peak in distlab.kernel_rates.SPECS; choose one of "
+                         f"{', '.join(kernel_rates.SPECS)} (earlier GPUs have no FP8 Tensor Cores)")
     p16, p8, w, _ = kernel_rates.SPECS[gpu]
     return p16, p8, w
 
