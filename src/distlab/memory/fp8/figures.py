@@ -13,6 +13,18 @@ from distlab.memory.fp8 import cost_model
 from distlab.memory.fp8.formats import E4M3, E5M2
 
 
+def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
+    """The speed-up figures' common ending: d on a log2 axis, labels, legend, the course's style."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    style.done(fig)
+    plt.close(fig)
+    return fig
+
+
 def speedup_figure(gpu: str = "H100", tokens: int = 8192) -> Figure:
     """Predicted t_bf16 / t_fp8 of a square d x d weight applied to `tokens` tokens and of a d x d x d
     matmul, with current and delayed scaling, against d."""
@@ -26,14 +38,8 @@ def speedup_figure(gpu: str = "H100", tokens: int = 8192) -> Figure:
                 label=f"{tokens} tokens x d x d, {scaling} scaling")
     ax.axhline(1, color=style.VERMILION, lw=1)
     ax.text(d[0], 1.04, "FP8 pays above this line", fontsize=8, color=style.VERMILION)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("matrix size d")
-    ax.set_ylabel("predicted speedup of FP8 over bf16")
-    ax.set_title(f"When FP8 pays on an {gpu}: a roofline with the cast of both operands")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
-    style.done(fig)
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, "matrix size d", "predicted speedup of FP8 over bf16",
+                   f"When FP8 pays on an {gpu}: a roofline with the cast of both operands")
 
 
 def measured_speedup_figure(gpu: str = "H200") -> Figure:
@@ -53,14 +59,8 @@ def measured_speedup_figure(gpu: str = "H200") -> Figure:
         ax.text(even * 1.04, 0.05, f"{even:,.0f}", color=colour, fontsize=8)
     ax.scatter(measured[:, 0], measured[:, 1], color="#000000", zorder=3, label=f"measured on one {gpu}")
     ax.axhline(1, color=style.VERMILION, lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("matrix size d (d x d x d, both casts included)")
-    ax.set_ylabel("FP8 speed-up over bf16")
-    ax.set_title(f"FP8 on an {gpu}: predicted beside measured")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
-    style.done(fig)
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, "matrix size d (d x d x d, both casts included)", "FP8 speed-up over bf16",
+                   f"FP8 on an {gpu}: predicted beside measured")
 
 
 def formats_figure() -> Figure:
