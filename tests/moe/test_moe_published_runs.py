@@ -29,8 +29,9 @@ def test_deepseek_v3_counts_671b_total_and_about_37b_active():
     total, active = count.ratio()
     # 671.03B against 671B: the main model without the MTP module (its 11.5B are published apart).
     assert round(count.total / 1e9) == 671 and abs(total - 1) < 0.001
-    # 37.55B against the README's 36.7B (and the paper's rounded 37B): 2.3 % above, from counting both
-    # embedding matrices and every norm as active (the README's split of the 0.9B + 0.9B is the same).
+    # 37.55B against the README's 36.7B (the paper rounds to 37B): 2.3 % above. Both count the embedding
+    # and the head (0.9B each) as active; the README does not break down the rest far enough to say
+    # where the other 0.85B part (the book says so).
     assert 37.0e9 < count.active < 38.0e9 and 1.0 < active < 1.03
 
 
