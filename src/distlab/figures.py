@@ -150,6 +150,8 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
     # Chapter 6 at scale
     BookFigure("moe-dispatch-cost.png", moe_scale.dispatch_cost_figure,
                "predicted flat / hierarchical dispatch time vs servers, k = 1-8, M = 4, DGX A100 and H100"),
+    BookFigure("moe-published-runs.png", moe_scale.published_runs_figure,
+               "published MoE runs: layout, batch, reported throughput, experts per rank, parameter counts"),
     BookFigure("cp-ulysses-vs-ring.png", context_parallel.ulysses_vs_ring_figure,
                "bytes per rank and predicted time per layer vs cp: ring, Ulysses and the hybrid, DGX H100"),
     BookFigure("pipeline-dualpipev.png", dualpipe_v.dualpipev_figure,
