@@ -21,10 +21,13 @@ def split_parameters(model: nn.Module, head: Iterable[str] = ("lm_head.weight",)
     """(Muon's named parameters, AdamW's named parameters) of `model`, by the rule above."""
     heads = set(head)
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    # a head tied to the embedding is a Linear whose weight *is* the embedding's: AdamW's, not Muon's
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     muon: Named = []
     adamw: Named = []
     for name, p in model.named_parameters():
-        is_matrix = id(p) in linear_weights and p.ndim == 2 and name not in heads
+        is_matrix = (id(p) in linear_weights and id(p) not in embeddings and p.ndim == 2
+                     and name not in heads)
         (muon if is_matrix else adamw).append((name, p))
     return muon, adamw
 
