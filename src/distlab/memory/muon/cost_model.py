@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from distlab.comm_record import ring_bytes
 from distlab.memory.muon.flat_layout import FlatLayout, elements
 from distlab.memory.muon.newton_schulz import NS_STEPS, newton_schulz_flops
@@ -53,6 +55,11 @@ class MuonModel:
 
     def layout(self, world: int) -> FlatLayout:
         return FlatLayout(self.numels, world)
+
+
+def from_parameters(muon: Sequence[tuple[str, Tensor]], adamw: Sequence[tuple[str, Tensor]]) -> MuonModel:
+    """The `MuonModel` of named parameters as `split.split_parameters` returns them."""
+    return MuonModel(tuple((p.shape[0], p.shape[1]) for _, p in muon), tuple(p.numel() for _, p in adamw))
 
 
 def gpt_model(n_layer: int, d: int, vocab: int, block: int, bias: bool = True) -> MuonModel:

@@ -38,7 +38,8 @@ class OwnerMuon:
     def __init__(self, muon: Named, adamw: Named, settings: MuonSettings | None = None,
                  group: dist.ProcessGroup | None = None) -> None:
         check_parameters(muon, adamw)
-        self.muon, self.adamw, self.settings, self.group = list(muon), list(adamw), settings or MuonSettings(), group
+        self.muon, self.adamw, self.group = list(muon), list(adamw), group
+        self.settings = settings or MuonSettings()
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.muon_owner = greedy_owners([newton_schulz_flops(p.shape, self.settings.ns_steps)
                                          for _, p in self.muon], self.n)

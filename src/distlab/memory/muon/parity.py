@@ -68,7 +68,8 @@ def train_muon(layout: str, task: str = "mlp", steps: int = 10, group: dist.Proc
                settings: MuonSettings = SETTINGS) -> MuonRun:
     """Inside the ranks: train `task` in float64 with distributed Muon `layout` ("owner" or "all_to_all")."""
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not a distributed Muon layout; choose one of {sorted(LAYOUTS)}")
+        raise ValueError(f"layout={layout!r} is not a distributed Muon layout; choose one of "
+                         f"{sorted(LAYOUTS)}")
     t = muon_task(task)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     model = t.build(SEED).double()
