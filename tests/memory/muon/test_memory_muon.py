@@ -121,3 +121,19 @@ def test_gpt2_small_counts_and_the_state_table():
         assert max(a2a) <= max(zero1) < max(owner)  # the embedding's moments land whole on one owner
     with pytest.raises(ValueError, match="layout='zero3'"):
         cm.state_bytes("zero3", model, 4, 0, 4)
+
+
+def test_the_owner_exercise_passes_the_greedy_rule_and_names_each_mistake():
+    from distlab.memory.muon.exercises import check_owners
+
+    assert check_owners(lambda shapes, world: greedy_owners([newton_schulz_flops(s) for s in shapes], world))
+    round_robin = check_owners(lambda shapes, world: [i % world for i in range(len(shapes))])
+    assert not round_robin and "round robin" in str(round_robin)
+    by_elements = check_owners(lambda shapes, world: greedy_owners([a * b for a, b in shapes], world))
+    assert not by_elements and "balanced the matrices' elements" in str(by_elements)
+    assert "outside 0 .. 2" in str(check_owners(lambda shapes, world: [world] * len(shapes)))
+
+    def stub(shapes, world):
+        raise NotImplementedError
+
+    assert check_owners(stub).not_written
