@@ -137,3 +137,25 @@ def test_the_owner_exercise_passes_the_greedy_rule_and_names_each_mistake():
         raise NotImplementedError
 
     assert check_owners(stub).not_written
+
+
+def test_preconditioner_table_counts_and_the_book_shows_the_codes_table():
+    from pathlib import Path
+
+    from distlab.memory.muon import preconditioners as pc
+
+    assert pc.blocks((3072, 768), 1024) == [(1024, 768)] * 3
+    assert pc.state_values("Shampoo", (4, 4), 8) == 2 * (16 + 16)  # L, R and their inverse roots
+    assert pc.state_values("SOAP", (4, 2), 8) == 2 * (16 + 4) + 2 * 8  # L, R, Q_L, Q_R and Adam's moments
+    with pytest.raises(ValueError, match="optimizer='Lion'"):
+        pc.state_values("Lion", (4, 4), 8)
+    book = (Path(__file__).resolve().parents[3] / "book" / "07-memory.md").read_text()
+    assert pc.markdown_table(cm.gpt_model(12, 768, 50257, 1024), 8, 1024) in book
+
+
+def test_the_layout_figure_says_all_to_all_never_loses_in_the_model():
+    from distlab.memory.muon.figures import WIDTHS, WORLDS, layout_ratio, layouts_figure
+
+    ratios = [layout_ratio(w, n) for w in WIDTHS[:2] for n in WORLDS[:3]]
+    assert all(r > 1 for r in ratios)
+    assert layouts_figure().axes  # drawn

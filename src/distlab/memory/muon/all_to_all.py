@@ -13,10 +13,11 @@ rank r keeps shard r of everything, Muon's momentum included. Per step:
    `all_gather` gives every replica the new parameters (ZeRO's last step).
 
 Steps 3-4 move only Muon's elements, each at most once each way: about M/N per rank, where M is the
-matrices' size. This is the layout of torchtitan's and Dion's distributed Muon ("compute in a layout
-other than storage"); Liu et al. 2025 (sec. 3) instead all-gather each matrix on every rank of the
-ZeRO-1 group and let each rank orthogonalise all of them, which sends more and repeats the work N times.
-The orthogonalised pieces travel in the parameters' dtype (an exact copy of the bf16 result).
+matrices' size. Microsoft's Dion (torchtitan's experiments/dion_optimizer/muon.py) redistributes the
+same way, shards to one whole matrix per rank by all-to-all and back; Liu et al. 2025 (Moonlight's
+"Distributed Muon") instead gather each matrix on every rank of the ZeRO-1 group and let each rank
+orthogonalise all of them, which repeats the work N times. Here the orthogonalised pieces travel in the
+parameters' dtype (an exact copy of the bf16 result; sending bf16, as Dion does, halves those bytes).
 """
 
 from __future__ import annotations

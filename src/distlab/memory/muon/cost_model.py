@@ -129,3 +129,18 @@ def state_bytes(layout: str, model: MuonModel, world: int, rank: int, element_si
     if layout == "zero1_adamw":
         return 2 * sum(local) * element_size
     raise ValueError(f"layout={layout!r}; choose 'owner', 'all_to_all' or 'zero1_adamw'")
+
+
+def calls(layout: str, model: MuonModel) -> int:
+    """Collective calls per step: (a) a reduce and a broadcast per tensor; (b) four."""
+    return 2 * len(model.numels) if layout == "owner" else 4
+
+
+def step_seconds(layout: str, model: MuonModel, world: int, alpha: float, beta: float, flops_per_s: float,
+                 element_size: int = 2) -> float:
+    """The optimizer step's predicted time on the busiest rank, alpha-beta-gamma: every call pays
+    (N - 1) alpha (a ring's or a chain's hops), the busiest rank's bytes pay beta each, and the busiest
+    rank's Newton-Schulz FLOPs run at `flops_per_s` (the same owners in both layouts). No overlap."""
+    sent = max(sent_bytes(layout, model, world, r, element_size) for r in range(world))
+    hops = calls(layout, model) * (world - 1) * alpha
+    return hops + sent * beta + max(flops_per_rank(model, world)) / flops_per_s

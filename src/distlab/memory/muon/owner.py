@@ -11,9 +11,8 @@ AdamW's tensors by elements). Per step and per tensor of B bytes:
 3. `broadcast` from the owner: every replica gets the updated parameter.
 
 So the log records one reduce and one broadcast of B for every tensor, 2 x (all parameters' bytes) in
-B, on every rank. This is the shape of Megatron-LM's layer-wise distributed optimizer and of the
-"owner computes" variants of distributed Muon (Liu et al. 2025, sec. 3.2, discuss the trade-off); it needs
-no flat buffer, but an owner's work and memory come in whole tensors, which cannot split evenly.
+B, on every rank. It needs no flat buffer and is the simplest to check, but an owner's work and memory
+come in whole tensors, which cannot split evenly (an embedding's two AdamW moments land on one rank).
 """
 
 from __future__ import annotations
