@@ -150,7 +150,11 @@ def test_preconditioner_table_counts_and_the_book_shows_the_codes_table():
     with pytest.raises(ValueError, match="optimizer='Lion'"):
         pc.state_values("Lion", (4, 4), 8)
     book = (Path(__file__).resolve().parents[3] / "book" / "07-memory.md").read_text()
-    assert pc.markdown_table(cm.gpt_model(12, 768, 50257, 1024), 8, 1024) in book
+    gpt2 = cm.gpt_model(12, 768, 50257, 1024)
+    assert pc.markdown_table(gpt2, 8, 1024) in book
+    from distlab.memory.muon import tables
+
+    assert tables.bytes_table(gpt2, (4, 8)) in book and tables.memory_table(gpt2, (4, 8)) in book
 
 
 def test_the_layout_figure_says_all_to_all_never_loses_in_the_model():
