@@ -4,8 +4,9 @@ The parameters, gradients and optimizer state stay in ZeRO's flat layout (`flat_
 rank r keeps shard r of everything, Muon's momentum included. Per step:
 
 1. `reduce_scatter` of the flat gradient, divided by N: rank r's shard of the averaged gradient (ZeRO-2);
-2. on its shard, each rank runs what is element-wise: AdamW on AdamW's elements (`torch.optim.AdamW` on
-   slices, as ZeRO-1 does) and Muon's momentum and Nesterov look-ahead (`newton_schulz.momentum_`);
+2. on its shard, each rank runs what is element-wise: Muon's momentum and Nesterov look-ahead
+   (`newton_schulz.momentum_`) and AdamW on AdamW's elements (`torch.optim.AdamW` on slices, as ZeRO-1
+   does), the latter while step 3's all-to-all is in flight (the overlap this layout allows);
 3. `all_to_all`: each rank sends its pieces of every matrix to the matrix's owner (`owners.greedy_owners`
    by Newton-Schulz FLOPs), which now holds whole matrices, and orthogonalises them;
 4. `all_to_all` back: the owner returns every rank its pieces of the orthogonalised matrix;
@@ -91,15 +92,16 @@ class AllToAllMuon:
         return out.div_(self.n)
 
     def _exchange(self, take: Callable[[int, int, int], Tensor], send: list[list[Piece]],
-                  recv: list[list[Piece]]) -> Tensor:
-        """One all-to-all: `take(m, start, stop)` for each piece of `send[q]` goes to rank q; returns what
-        arrives, the pieces of `recv[r]` from each rank r in turn."""
+                  recv: list[list[Piece]]) -> tuple[Tensor, dist.Work]:
+        """Start one all-to-all: `take(m, start, stop)` for each piece of `send[q]` goes to rank q; returns
+        the buffer that receives the pieces of `recv[r]` from each rank r in turn, and the work to wait on."""
         chunks = [take(*piece) for pieces in send for piece in pieces]
         inp = torch.cat(chunks) if chunks else self.shard.new_empty(0)
         out = self.shard.new_empty(sum(elements(p) for p in recv))
-        dist.all_to_all_single(out, inp, output_split_sizes=[elements(p) for p in recv],
-                               input_split_sizes=[elements(p) for p in send], group=self.group)
-        return out
+        work = dist.all_to_all_single(out, inp, output_split_sizes=[elements(p) for p in recv],
+                                      input_split_sizes=[elements(p) for p in send], group=self.group,
+                                      async_op=True)
+        return out, work
 
     @torch.no_grad()
     def step(self) -> None:
@@ -108,11 +110,6 @@ class AllToAllMuon:
         with where("muon.all_to_all"):
             self._load_shard()
             grad = self._averaged_grad_shard()
-            for i, param in self.slices.items():  # AdamW, element-wise, on this rank's slices
-                lo, hi = lay.local(i, r)
-                param.grad = grad[lo:hi]
-            if self.inner is not None:
-                self.inner.step()
             update = torch.zeros_like(self.shard)
             for m, buf in self.momentum.items():
                 lo, hi = lay.local(m, r)
@@ -121,15 +118,27 @@ class AllToAllMuon:
             recv = lay.receives(r, self.matrices, self.owners)
             mine = [m for m, q in zip(self.matrices, self.owners, strict=True) if q == r]
             base = r * lay.shard
-            arrived = self._exchange(lambda m, a, b: update[a - base:b - base], send, recv)
+            arrived, work = self._exchange(lambda m, a, b: update[a - base:b - base], send, recv)
+            self._adamw_step(grad)  # element-wise, while the matrices' pieces travel
+            work.wait()
             ortho = self._orthogonalise(mine, arrived, recv)
-            back = self._exchange(lambda m, a, b: ortho[m][a - lay.offset(m):b - lay.offset(m)], recv, send)
+            back, work = self._exchange(lambda m, a, b: ortho[m][a - lay.offset(m):b - lay.offset(m)],
+                                        recv, send)
+            work.wait()
             self._apply(back, send)
             full = torch.empty(lay.padded, dtype=self.shard.dtype, device=self.shard.device)
             all_gather_single(full, self.shard, group=self.group)
             for i, (_, p) in enumerate(self.named):
                 off = lay.offset(i)
                 p.detach().copy_(full[off:off + p.numel()].view_as(p))
+
+    def _adamw_step(self, grad: Tensor) -> None:
+        """Step 2's AdamW: torch.optim.AdamW on this rank's slices of AdamW's tensors."""
+        for i, param in self.slices.items():
+            lo, hi = self.layout.local(i, self.rank)
+            param.grad = grad[lo:hi]
+        if self.inner is not None:
+            self.inner.step()
 
     def _orthogonalise(self, mine: list[int], arrived: Tensor, recv: list[list[Piece]]) -> dict[int, Tensor]:
         """Step 3's end: each matrix this rank owns, whole from the arrived pieces, orthogonalised (flat)."""
