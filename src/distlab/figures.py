@@ -29,6 +29,7 @@ from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.memory.fp8 import figures as fp8_figures
+from distlab.memory.muon import figures as muon_figures
 from distlab.moe import figures as moe
 from distlab.moe import scale_figures as moe_scale
 from distlab.parallel3d import figures as parallel3d
@@ -122,6 +123,8 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the dynamic loss scale of a forced-overflow fp16 run, skipped steps marked"),
     BookFigure("memory-fp16-underflow.png", memory.underflow_figure,
                "histogram of a small GPT's gradients against fp16's range, at scale 1 and 2^16"),
+    BookFigure("memory-muon-layouts.png", muon_figures.layouts_figure,
+               "distributed Muon: predicted step of gather-to-owner over all-to-all, by width and ranks"),
     # Chapter 8: the hardware underneath
     BookFigure("hw-bandwidth-generations.png", hardware.bandwidth_generations_figure,
                "per-direction GB/s of PCIe, NVLink and InfiniBand generations, from the catalog"),
