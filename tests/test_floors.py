@@ -33,11 +33,7 @@ ROOF = frozenset({
 # Imports that break a rule on purpose, each with its reason: (importer, imported) -> reason. Keep it tiny.
 ALLOWED: dict[tuple[str, str], str] = {}
 # Packages that import each other (no two files do), each with its reason. Keep it tiny.
-ALLOWED_PACKAGE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"distlab.memory", "distlab.memory.zero"}):
-        "ZeRO reads chapter 7's byte counts and offload, and the measured step and PowerSGD run on ZeRO; "
-        "issue 36 item 5 splits memory/ into estimate, measure and techniques, which ends it",
-}
+ALLOWED_PACKAGE_CYCLES: dict[frozenset[str], str] = {}
 
 
 def chapter_of() -> dict[str, int]:

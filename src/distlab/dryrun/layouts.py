@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.dryrun.attention import check_attention
-from distlab.memory.estimator import MemoryConfig
+from distlab.memory.estimate.estimator import MemoryConfig
 from distlab.mesh import coordinates
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from distlab import catalog, device_names
-from distlab.memory.shape import block_weights, kv_width
+from distlab.memory.estimate.shape import block_weights, kv_width
 from distlab.timing import cuda_sync, phase_seconds
 
 

@@ -3,13 +3,14 @@
 A `Candidate` is one choice of (dp, tp, pp, cp, ZeRO stage, recomputation, micro-batch size, interleaving
 v, and optionally the layers of each pipeline stage). `enumerate_candidates` lists those with
 dp tp pp cp = GPUs, tp dividing the heads (a tp group may span servers: the cost model prices its
-placement), every stage holding at least v layers (uneven splits as `distlab.memory.shape.stage_layers`),
-cp dividing the sequence, and dp x micro-batch at most the global batch: when it does not divide the
-batch, each replica runs m = floor(B / (d b)) micro-batches and the step trains d b m sequences
-(`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each rule removed, so that
+placement), every stage holding at least v layers (uneven splits as
+`distlab.memory.estimate.shape.stage_layers`), cp dividing the sequence, and dp x micro-batch at most the
+global batch: when it does not divide the batch, each replica runs m = floor(B / (d b)) micro-batches and the
+step trains d b m sequences (`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each
+rule removed, so that
 "0 configurations fit" can say why. `memory` asks chapter 7's estimator
-(`distlab.memory.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares its peak
-(`peak_bytes`, the step's largest live total on the GPU that holds the most) with the GPU's HBM.
+(`distlab.memory.estimate.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares its
+peak (`peak_bytes`, the step's largest live total on the GPU that holds the most) with the GPU's HBM.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from distlab.memory import shape
-from distlab.memory.cost_model import RECOMPUTE
-from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
-from distlab.memory.optimizer_step import adam_form
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.cost_model import RECOMPUTE
+from distlab.memory.estimate.estimator import MemoryConfig, MemoryEstimate, estimate
+from distlab.memory.estimate.optimizer_step import adam_form
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 from distlab.plan.limits import divisors
 

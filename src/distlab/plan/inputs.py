@@ -1,9 +1,9 @@
 """What the planner is asked: a model, a cluster and a global batch, each a validated dataclass.
 
 `ModelSpec` is a decoder described as chapter 7's estimator describes one (layers, hidden, heads,
-vocabulary, sequence length), with the shape options of `distlab.memory.shape` (grouped-query attention,
-an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published shapes.
-`ClusterSpec` is a number of identical servers from `distlab.catalog`:
+vocabulary, sequence length), with the shape options of `distlab.memory.estimate.shape` (grouped-query
+attention, an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published
+shapes. `ClusterSpec` is a number of identical servers from `distlab.catalog`:
 its GPU's peak dense 16-bit FLOP/s, the NVLink bandwidth inside a server and the InfiniBand NICs across
 servers come from the catalog's rows; the HBM capacity, which the catalog does not hold, comes from
 `HBM_GB` here (each row with its source). `Workload` is the global batch and the kernels' efficiency
@@ -18,8 +18,8 @@ from typing import Any
 
 from distlab import catalog
 from distlab.collectives.cost_model import MachineParams
-from distlab.memory import shape
-from distlab.memory.estimator import MemoryConfig, total_params
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.estimator import MemoryConfig, total_params
 from distlab.plan import limits
 from distlab.plan.efficiency import efficiency_for
 from distlab.topology import Latencies
@@ -42,7 +42,7 @@ class ModelSpec:
     (`kv_heads` key/value heads, grouped-query attention; None = heads), an MLP of hidden size `ffn`
     (None = 4 hidden; `gated` for SwiGLU's three matrices), a `vocab`-token embedding (`tied` to the
     output layer or not), a learned position embedding or not (`positions`), and sequences of `seq` tokens.
-    The parameter count is chapter 7's estimator's (`distlab.memory.estimator.total_params`)."""
+    The parameter count is chapter 7's estimator's (`distlab.memory.estimate.estimator.total_params`)."""
 
     layers: int
     hidden: int
@@ -84,7 +84,8 @@ class ModelSpec:
     @property
     def params(self) -> float:
         """Parameters (`estimator.total_params`): 12 h^2 + 13 h per GPT-3 block plus V h + s h embeddings;
-        grouped-query attention, the FFN size, gating and untied embeddings as `distlab.memory.shape`."""
+        grouped-query attention, the FFN size, gating and untied embeddings as
+        `distlab.memory.estimate.shape`."""
         return total_params(MemoryConfig(layers=self.layers, hidden=self.hidden, heads=self.heads,
                                          vocab=self.vocab, seq=self.seq, **self.shape()))
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cache
 
 from distlab.kernel_rates import KernelRates, fallback
-from distlab.memory.shape import block_weights, kv_width
+from distlab.memory.estimate.shape import block_weights, kv_width
 from distlab.plan.efficiency import MEASURED, BlockTiming
 from distlab.plan.inputs import ModelSpec
 

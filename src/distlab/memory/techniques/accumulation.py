@@ -6,7 +6,8 @@ results into p.grad gives the large batch's gradient, while only one micro-batch
 at a time (Goyal et al. 2017 use the same identity across ranks). Under data parallelism the averaging
 over ranks should happen once, after the last micro-batch: chapter 2's strategies provide
 `strategy.no_sync()` for the micro-steps before it, and `strategy.finish()` after it (Li et al. 2020,
-sec. 3.2), so this file only decides when to call them.
+sec. 3.2), so this file only decides when to call them. Its memory, measured, is
+`distlab.memory.measure.accumulation_peak`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
-
-from distlab.memory.accounting import LiveBytes, optimizer_tensors
 
 
 def accumulate_gradients(
@@ -49,18 +48,3 @@ def split_batch(idx: Tensor, targets: Tensor, micro_batch: int) -> list[tuple[Te
     if micro_batch < 1:
         raise ValueError(f"micro_batch={micro_batch} must be at least 1 sequence")
     return [(idx[i : i + micro_batch], targets[i : i + micro_batch]) for i in range(0, len(idx), micro_batch)]
-
-
-def accumulation_peak(
-    model: nn.Module, idx: Tensor, targets: Tensor, micro_batch: int, optimizer: torch.optim.Optimizer
-) -> int:
-    """Peak live bytes of one accumulated step (zero_grad, M micro-steps, optimizer step), measured by
-    `LiveBytes` with the parameters and the optimizer's state counted from the start."""
-    optimizer.zero_grad(set_to_none=True)
-    tracker = LiveBytes()
-    tracker.adopt(model.parameters())
-    tracker.adopt(optimizer_tensors(optimizer))
-    with tracker:
-        accumulate_gradients(model, split_batch(idx, targets, micro_batch))
-        optimizer.step()
-    return tracker.peak

@@ -12,11 +12,11 @@
   stage holds at its worst moment: all m for GPipe, p for 1F1B, p + (p - 1)/v stages' worth for the
   interleaved schedule (Narayanan et al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3).
 
-The block's shape may be a modern one (`distlab.memory.shape`): grouped-query attention (`kv_heads`), an
-explicit FFN size (`ffn`), a gated (SwiGLU) MLP (`gated`), untied input and output embeddings (`tied=False`)
-and no learned position embedding (`positions=False`); and the pipeline may split the layers unevenly
-(`layer_split`, the embedding on the first stage and the output layer on the last). Without these options
-every result is chapter 7's GPT-3 block, unchanged.
+The block's shape may be a modern one (`distlab.memory.estimate.shape`): grouped-query attention
+(`kv_heads`), an explicit FFN size (`ffn`), a gated (SwiGLU) MLP (`gated`), untied input and output
+embeddings (`tied=False`) and no learned position embedding (`positions=False`); and the pipeline may split
+the layers unevenly (`layer_split`, the embedding on the first stage and the output layer on the last).
+Without these options every result is chapter 7's GPT-3 block, unchanged.
 
 `total_bytes`, the sum of these parts, is not what a GPU must hold: no tensor lives through the whole step.
 `peak_bytes` is the step's peak on the GPU that holds the most (`peak_layout.layout_peak`): the same
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from distlab.memory.activations import (
+from distlab.memory.estimate.activations import (
     LINEAR_INPUTS,
     activation_bytes,
     fp8_saving,
@@ -46,9 +46,9 @@ from distlab.memory.activations import (
     modern_layer_bytes,
     stage_activations,
 )
-from distlab.memory.config import SCHEDULES, MemoryConfig, total_params, validate
-from distlab.memory.model_states import params_per_gpu, states_per_gpu
-from distlab.memory.peak_layout import layout_peak
+from distlab.memory.estimate.config import SCHEDULES, MemoryConfig, total_params, validate
+from distlab.memory.estimate.model_states import params_per_gpu, states_per_gpu
+from distlab.memory.estimate.peak_layout import layout_peak
 
 __all__ = ["LINEAR_INPUTS", "SCHEDULES", "MemoryConfig", "MemoryEstimate", "activation_bytes", "estimate",
            "fp8_saving", "in_flight_layers", "modern_layer_bytes", "params_per_gpu", "stage_activations",

@@ -6,16 +6,16 @@ LayerNorms and the row-parallel biases replicated), the blocks over the pipeline
 the first stage and the output layer on the last (Narayanan et al. 2021; Shoeybi et al. 2019). Each
 parameter then costs 2 + 2 + K bytes under mixed precision (K = 12) or 4 + 4 + 8 in fp32, divided by
 ZeRO's stage over the dp ranks (Rajbhandari et al. 2020, sec. 5); with offload the optimizer state lives in
-the host's memory instead (Ren et al. 2021, "ZeRO-Offload"). Modern shapes (`distlab.memory.shape`) and
-uneven pipeline splits count the stage that holds the most.
+the host's memory instead (Ren et al. 2021, "ZeRO-Offload"). Modern shapes (`distlab.memory.estimate.shape`)
+and uneven pipeline splits count the stage that holds the most.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig, total_params
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.config import MemoryConfig, total_params
 
 
 def _stage_params(c: MemoryConfig) -> float:

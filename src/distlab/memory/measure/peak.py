@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distlab.memory import cost_model, estimator
-from distlab.memory.estimator import MemoryConfig
-from distlab.memory.gpt_ends import backward, forward, gpt_parameter_sizes
-from distlab.memory.gpt_step import StepShape
-from distlab.memory.optimizer_step import adam_form, adam_step, master_step
-from distlab.memory.timeline import KINDS, Timeline
+from distlab.memory.estimate import cost_model, estimator
+from distlab.memory.estimate.estimator import MemoryConfig
+from distlab.memory.estimate.gpt_ends import backward, forward, gpt_parameter_sizes
+from distlab.memory.estimate.gpt_step import StepShape
+from distlab.memory.estimate.optimizer_step import adam_form, adam_step, master_step
+from distlab.memory.estimate.timeline import KINDS, Timeline
 
 __all__ = ["KINDS", "PeakPrediction", "Timeline", "check_peak_config", "gpt_parameter_sizes", "predict_peak"]
 
@@ -81,7 +81,10 @@ def predict_peak(c: MemoryConfig, plan: list[str] | None = None, bias: bool = Tr
     (`precision="fp32"`) or a bf16 model with fp32 master weights (`precision="mixed"`,
     `precision.MasterWeights`). `plan` is a per-layer recomputation plan
     (`recompute.LAYER_OPTIONS`); by default the one of `c.recompute`."""
-    from distlab.memory.recompute import check_plan, policy_plan  # recompute imports models (torch)
+    from distlab.memory.techniques.recompute import (  # recompute imports models (torch)
+        check_plan,
+        policy_plan,
+    )
 
     check_peak_config(c)
     plan = check_plan(plan, c.layers) if plan is not None else policy_plan(c.recompute, c.layers)

@@ -272,9 +272,9 @@ def measure_gpt_step(
     `precision="fp32"`, or `"mixed"`, a bf16 model with fp32 master weights (`precision.MasterWeights`,
     Micikevicius et al. 2018); `recompute` is a named policy of `recompute.policy_plan`; `adam` is the
     implementation (`optimizer_step.FORMS`: "for-loop", "foreach", "fused"; "default" is torch's on CPU)."""
-    from distlab.memory.optimizer_step import adam_form, adam_kwargs
-    from distlab.memory.precision import MasterWeights
-    from distlab.memory.recompute import policy_plan, recompute_forward
+    from distlab.memory.estimate.optimizer_step import adam_form, adam_kwargs
+    from distlab.memory.techniques.precision import MasterWeights
+    from distlab.memory.techniques.recompute import policy_plan, recompute_forward
     from distlab.models import GPT, GPTConfig
 
     if precision not in ("fp32", "mixed"):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from distlab.memory import cost_model
+from distlab.memory.estimate import cost_model
 from distlab.models import GPT, Block, CausalSelfAttention, GPTConfig, MLPBlock
 from distlab.timing import median_seconds
 

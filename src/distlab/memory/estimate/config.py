@@ -2,8 +2,8 @@
 
 `MemoryConfig` holds what the estimator's command line (`python -m distlab.memory estimate`) and the
 planner describe: the model (a parameter count, or its shape: layers, hidden, heads, vocab, and the modern
-shape options of `distlab.memory.shape`), the micro-batch and sequence, the parallel layout (dp, tp, pp,
-cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
+shape options of `distlab.memory.estimate.shape`), the micro-batch and sequence, the parallel layout (dp, tp,
+pp, cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
 offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before
 anything is computed, in the order a reader fixes them (the training options, the pipeline schedule, then
 the shape against the layout); every error names the value and the fix.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from distlab.memory import cost_model, shape
-from distlab.memory.optimizer_step import adam_form
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.optimizer_step import adam_form
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -60,7 +60,8 @@ class MemoryConfig:
 
     @property
     def modern(self) -> bool:
-        """Whether any shape option of `distlab.memory.shape` departs from chapter 7's GPT-3 block."""
+        """Whether any shape option of `distlab.memory.estimate.shape` departs from chapter 7's GPT-3
+        block."""
         return (self.kv_heads not in (None, self.heads) or self.ffn not in (None, 4 * (self.hidden or 0))
                 or self.gated or not self.tied or not self.positions or self.layer_split is not None
                 or self.rounds is not None)
