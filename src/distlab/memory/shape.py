@@ -1,0 +1,8 @@
+"""The old home of `distlab.memory.estimate.shape` (issue 36, item 5, moved it):
+the labs and the book import it by this name, which is the same module."""
+
+import sys
+
+from distlab.memory.estimate import shape
+
+sys.modules[__name__] = shape
