@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.dryrun.attention import check_attention
+from distlab.layout import Layout
 from distlab.memory.estimate.estimator import MemoryConfig
-from distlab.mesh import coordinates
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.plan.inputs import preset
@@ -51,16 +51,21 @@ class DryLayout:
     hbm_bytes: float = 0.0  # that GPU's memory in bytes (distlab.plan's catalogue); 0 when unknown
 
     @property
+    def layout(self) -> Layout:
+        """The plan's sizes as the course's one `Layout`."""
+        return self.plan.layout
+
+    @property
     def world_size(self) -> int:
-        return self.plan.world_size
+        return self.layout.world_size
 
     def coords(self, rank: int) -> dict[str, int]:
         """(pp, dp, tp) of global `rank` on `distlab.mesh.grid`'s layout (pp outermost, tp innermost):
-        `distlab.mesh.coordinates`, after a check that names this layout."""
+        `Layout.coords`, after a check that names this layout."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank!r} is not a rank of {self.name}'s {self.world_size} ranks; choose "
                              f"0 <= rank < {self.world_size}")
-        return coordinates(rank, pp=self.plan.pp, dp=self.plan.dp, tp=self.plan.tp)
+        return self.layout.coords(rank)
 
     def describe(self) -> str:
         c, p = self.config, self.plan
@@ -120,7 +125,7 @@ def estimator_config(layout: DryLayout, attention: str = "flash") -> MemoryConfi
     c, p = layout.config, layout.plan
     split = tuple(len(r) for r in block_ranges(c.n_layer, p.pp))  # given even when even: per-stage answers
     return MemoryConfig(layers=c.n_layer, hidden=c.n_embd, heads=c.n_head, vocab=c.vocab_size,
-                        seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), dp=p.dp, tp=p.tp, pp=p.pp,
+                        seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), **layout.layout.sizes,
                         zero=p.zero_stage,
                         precision="fp32", recompute="none", schedule="1f1b", microbatches=p.m,
                         attention=attention, dropout=False,

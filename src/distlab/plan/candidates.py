@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from distlab.layout import Layout
 from distlab.memory.estimate import shape
 from distlab.memory.estimate.cost_model import RECOMPUTE
 from distlab.memory.estimate.estimator import MemoryConfig, MemoryEstimate, estimate
@@ -78,6 +79,11 @@ class Candidate:
     interleave: int = 1
     layer_split: tuple[int, ...] | None = None  # layers per stage; None = `shape.stage_layers`
 
+    @property
+    def layout(self) -> Layout:
+        """The candidate's sizes as the course's one `Layout` (dp, tp, pp, cp)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
+
     def microbatches(self, batch: int) -> int:
         """m = floor(B / (d b)): micro-batches per replica per step (the batch rounds down)."""
         return batch // (self.dp * self.micro_batch)
@@ -100,8 +106,8 @@ class Candidate:
 def check_fits_grid(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate) -> None:
     """Raise a ValueError naming the parameter and the fix when `c` breaks a rule of the search space."""
     n = cluster.gpus
-    if c.dp * c.tp * c.pp * c.cp != n:
-        raise ValueError(f"dp*tp*pp*cp = {c.dp * c.tp * c.pp * c.cp} but the cluster has {n} GPUs; "
+    if c.layout.world_size != n:
+        raise ValueError(f"dp*tp*pp*cp = {c.layout.world_size} but the cluster has {n} GPUs; "
                          "choose sizes whose product is the number of GPUs")
     if model.heads % c.tp:
         raise ValueError(f"tp={c.tp} does not divide heads={model.heads}; choose a tp that divides it")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from distlab.layout import Layout
 from distlab.memory.estimate import cost_model, shape
 from distlab.memory.estimate.optimizer_step import adam_form
 
@@ -57,6 +58,11 @@ class MemoryConfig:
     fp8: bool = False  # FP8 linear layers: their saved inputs in 1 byte (module docstring)
     adam: str = "default"  # Adam's implementation: for-loop, foreach, fused; default: torch's per device
     device: str = "cuda"  # where the step runs: cuda (a GPU) or cpu; it picks the default Adam
+
+    @property
+    def layout(self) -> Layout:
+        """The sizes as the course's one `Layout` (dp, tp, pp, cp)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
 
     @property
     def modern(self) -> bool:
