@@ -21,9 +21,10 @@ PACKAGE = SRC / "distlab"
 
 # The ground floor: the course-wide pieces every chapter uses (each a module or package of src/distlab).
 GROUND = frozenset({
-    "launch", "mesh", "layout", "comm_log", "comm_record", "dist_compat", "parity", "reference", "sharding",
-    "timing", "checks", "style", "catalog", "catalog_rows", "device_names", "kernel_rates", "cli_types",
-    "explorers", "topology", "ring_hops", "progress_record", "staged_p2p", "models",
+    "launch", "mesh", "layout", "model_shape", "comm_log", "comm_record", "dist_compat", "parity",
+    "reference", "sharding", "timing", "checks", "style", "catalog", "catalog_rows", "device_names",
+    "kernel_rates", "cli_types", "explorers", "topology", "ring_hops", "progress_record", "staged_p2p",
+    "models",
 })
 # The roof: the tools that import the chapters (the command, the chapter table, the figure registry...).
 ROOF = frozenset({

@@ -22,11 +22,12 @@ untied output; Dubey et al. 2024, sec. 3.2) and `describe` says so. Three adjust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distlab.dryrun.attention import check_attention
 from distlab.layout import Layout
 from distlab.memory.estimate.estimator import MemoryConfig
+from distlab.model_shape import ModelShape
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.plan.inputs import preset
@@ -54,6 +55,11 @@ class DryLayout:
     def layout(self) -> Layout:
         """The plan's sizes as the course's one `Layout`."""
         return self.plan.layout
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The trained model's sizes as the course's one `ModelShape` (the GPT's, from its config)."""
+        return ModelShape.from_gpt_config(self.config)
 
     @property
     def world_size(self) -> int:
@@ -94,8 +100,7 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
         raise ValueError(f"layers={layers!r} must be a whole number from pp={run.pp} (one block per "
                          f"stage) to the model's {spec.layers}; or leave it out for the full depth")
     vocab = -(-spec.vocab // run.tp) * run.tp
-    config = GPTConfig(vocab_size=vocab, block_size=spec.seq, n_layer=depth, n_head=spec.heads,
-                       n_embd=spec.hidden, dropout=0.0, bias=True)
+    config = replace(spec.model_shape.in_gpt_block(), layers=depth, vocab=vocab).to_gpt_config(dropout=0.0)
     m = run.batch // (run.dp * run.micro_batch)
     if microbatches is not None:
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or not 1 <= microbatches <= m:

@@ -93,7 +93,7 @@ class StepTime:
 
 def layer_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs of one block per token: 2 W + 4 s h (module docstring)."""
-    w = shape.block_weights(model.hidden, model.heads, model.kv_heads, model.ffn, model.gated)
+    w = model.model_shape.block_weights
     return 2 * w + 4 * model.seq * model.hidden
 
 
@@ -165,7 +165,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, c: Candidate, rate: float, s
                 if t > 1 else 0.0)
     cp_block = 0.0
     if cp > 1:
-        kv = 2 * act * shape.kv_width(h, model.heads, model.kv_heads) / h / t
+        kv = 2 * act * model.model_shape.kv_width / h / t
         step = _p2p(kv, link(cluster, cp, t))
         hidden = b * (s // cp) * (s // cp) * 4 * h / (t * rate)  # one step's attention, forward
         passes = 4 if c.recompute == "full" else 3

@@ -2,8 +2,8 @@
 
 - `cost_model`: the closed forms: bytes per parameter (ZeRO's 2 + 2 + K), ZeRO's Table 1, Korthikanti et
   al.'s per-layer activations term by term, the course GPT's exact count, Chen et al.'s sqrt(n) segments.
-- `shape`: a real decoder block (grouped-query attention, FFN size, gating, untied embeddings) and how a
-  pipeline splits the blocks.
+- `shape`: how a pipeline splits the blocks, and a real block's saved tensors; the block's shape and its
+  counts are the course's one `distlab.model_shape.ModelShape` (`MemoryConfig.model_shape`).
 - `config`: `MemoryConfig`, one configuration (model, layout, ZeRO, precision, recomputation, offload),
   and `validate`.
 - `model_states` (per GPU) and `activations` (per layer, per stage): the estimator's two terms.

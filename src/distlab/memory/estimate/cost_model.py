@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from distlab.model_shape import ModelShape
 from distlab.models import GPTConfig
 
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}  # bytes per parameter: weight, gradient, K
@@ -90,9 +91,9 @@ def gpt_num_params(n_layer: int, n_embd: int, vocab_size: int, block_size: int, 
     """Parameters of `distlab.models.GPT`, counted once each (the output layer is the tied embedding):
     per layer 12 h^2 weights (c_attn 3h^2, c_proj h^2, c_fc 4h^2, c_proj 4h^2) and, with bias, 13 h
     biases and LayerNorm parameters; then V h + s h embeddings and the final LayerNorm."""
-    h = n_embd
-    per_layer = 12 * h * h + (13 * h if bias else 2 * h)  # without bias only the LayerNorm weights remain
-    return n_layer * per_layer + vocab_size * h + block_size * h + (2 * h if bias else h)
+    # `distlab.model_shape` counts it (the count does not depend on the number of heads)
+    shape = ModelShape(layers=n_layer, hidden=n_embd, heads=1, vocab=vocab_size, seq=block_size, bias=bias)
+    return shape.params
 
 
 def layer_activation_terms(
@@ -240,7 +241,7 @@ def predict_step(
 ) -> StepPrediction:
     """fp32 Adam on `distlab.models.GPT`: 4 + 4 + 8 bytes per parameter (plus Adam's step counter, one
     4-byte number per parameter tensor) and `gpt_activation_bytes`."""
-    n = gpt_num_params(config.n_layer, config.n_embd, config.vocab_size, config.block_size, config.bias)
+    n = ModelShape.from_gpt_config(config).params
     tensors = config.n_layer * (12 if config.bias else 6) + (4 if config.bias else 3)
     return StepPrediction(
         4 * n, 4 * n, 8 * n + 4 * tensors, gpt_activation_bytes(config, batch, seq, attention, 4, recompute)

@@ -22,9 +22,9 @@ def _stage_params(c: MemoryConfig) -> float:
     """Parameters one GPU holds on the pipeline stage that holds the most (modern shapes, uneven splits)."""
     h, t = c.hidden, c.tp
     f = c.ffn or 4 * h
-    hkv = shape.kv_width(h, c.heads, c.kv_heads)
+    hkv = c.model_shape.kv_width
     biases = (h + 2 * hkv + f * (2 if c.gated else 1)) / t + 6 * h  # split column biases; norms, row biases
-    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) / t + biases
+    per_layer = c.model_shape.block_weights / t + biases
     split = shape.stage_layers(c.layers, c.pp, c.layer_split)
     embed = c.vocab * h / t + (c.seq * h if c.positions else 0)
     head = (c.vocab * h / t if (not c.tied or c.pp > 1) else 0) + 2 * h

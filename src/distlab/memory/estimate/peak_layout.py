@@ -59,7 +59,7 @@ def step_shape(c: MemoryConfig, bias: bool = True) -> StepShape:
     s = c.seq // c.cp
     return StepShape(c.micro_batch * s, s, c.hidden, c.heads, c.vocab, 2 if c.precision == "mixed" else 4,
                      bias, c.tp, c.tp if c.sequence_parallel else 1,
-                     shape.kv_width(c.hidden, c.heads, c.kv_heads), c.ffn, c.gated, c.attention == "math",
+                     c.model_shape.kv_width, c.ffn, c.gated, c.attention == "math",
                      c.dropout, c.fp8, c.tied, c.positions)
 
 

@@ -1,15 +1,9 @@
-"""The shape of a real decoder block, and how a pipeline splits the blocks, for the memory estimator.
+"""How a pipeline splits the blocks, and the saved tensors of a block's shape, for the memory estimator.
 
-Chapter 7's closed forms count a GPT-3 block: 4 h^2 attention weights and a 4h GELU MLP, 12 h^2 in all.
-Models trained since differ in three ways that change both weights and saved activations:
-
-- **grouped-query attention** (Ainslie et al. 2023): `kv_heads` key/value heads shared by the `heads` query
-  heads, so K and V are h_kv = h kv_heads / heads wide: attention weights 2 h^2 + 2 h h_kv;
-- **an explicit FFN size** f (Llama 3 405B: 53,248 for h = 16,384; Dubey et al. 2024, Table 3);
-- **gated MLPs** (SwiGLU, Shazeer 2020): three matrices (gate, up, down), 3 h f weights instead of 2 h f,
-  and three s b f tensors saved for backward (gate output, up output, their product) instead of GELU's two.
-
-With those, Llama 3 405B's block is 2 h^2 + 2 h h_kv + 3 h f = 3.188e9 weights, 1.04 % below 12 h^2.
+The block's shape and its counts (grouped-query attention, an explicit FFN size, gated MLPs; `kv_width`,
+`block_weights`) live in `distlab.model_shape`, the course's one model shape; they are importable from here
+too, where chapter 7 first wrote them. A gated MLP (SwiGLU, Shazeer 2020) also saves three s b f tensors
+for backward (gate output, up output, their product) instead of GELU's two (`swap_block_terms`).
 
 A pipeline of p stages need not split L layers evenly: `stage_layers(L, p)` gives the stages the floor
 of L/p and hands the remainder to the middle stages, so the first and last stages, which also carry the
@@ -21,18 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from distlab.model_shape import block_weights, kv_width
 
-def kv_width(hidden: int, heads: int, kv_heads: int | None) -> int:
-    """h_kv: the width of K (and of V) with `kv_heads` key/value heads (None: multi-head attention)."""
-    return hidden if kv_heads is None else hidden // heads * kv_heads
-
-
-def block_weights(hidden: int, heads: int, kv_heads: int | None = None, ffn: int | None = None,
-                  gated: bool = False) -> int:
-    """Matrix weights of one block: attention 2 h^2 + 2 h h_kv, MLP (3 if gated else 2) h f; f = 4h unless
-    given. For a GPT-3 block (kv_heads = heads, f = 4h, not gated) this is 12 h^2."""
-    h, f = hidden, ffn or 4 * hidden
-    return 2 * h * h + 2 * h * kv_width(hidden, heads, kv_heads) + (3 if gated else 2) * h * f
+__all__ = ["block_weights", "in_flight", "kv_width", "stage_layers", "swap_block_terms"]
 
 
 def stage_layers(layers: int, pp: int, split: Sequence[int] | None = None) -> tuple[int, ...]:
