@@ -11,7 +11,7 @@ import torch
 
 from distlab.async_sgd.parameter_server import PSConfig, validate
 from distlab.context_parallel.layouts import chunk_ids, pad_to_multiple
-from distlab.memory.estimator import MemoryConfig, estimate
+from distlab.memory.estimate.estimator import MemoryConfig, estimate
 from distlab.models import GPTConfig
 from distlab.moe.expert_parallel import ExpertParallelMoE
 from distlab.moe.layer import MoELayer

@@ -23,7 +23,8 @@ an axis's group with `mesh["tp"].get_group()` and pass it to a chapter's API. `f
 axes into one group (DeviceMesh flattening), and `dp_cp_group` is the one the loss is averaged and the
 gradients are reduced over once the sequence is split too (context parallelism): dp x cp.
 
-`layout` computes the same grid without any process group, for pictures, exercises and tests.
+`layout` computes the same grid without any process group, for pictures, exercises and tests
+(`distlab.layout.Layout` holds the sizes, and gives its coordinates, groups, mesh and label).
 `group_rank` and `group_size` are what every chapter asks of the group it was given. `mesh_axes` names a
 mesh's axes, and `require_axes` is the course's one "is this axis in the mesh" check and message.
 """
@@ -46,8 +47,9 @@ AXIS_ORDER = ("pp", "dp", "ep", "cp", "tp")
 DP_SPLIT = ("dp_replicate", "dp_shard")
 
 
-def _sizes(axes: dict[str, int | None], world_size: int | None) -> dict[str, int]:
-    """The axes that were given, in AXIS_ORDER, checked; no axis given means dp = the whole world."""
+def layout_sizes(axes: dict[str, int | None], world_size: int | None) -> dict[str, int]:
+    """The axes that were given (a size, not None), in AXIS_ORDER, checked; no axis given means dp = the
+    whole world (an error when the world is not known). `distlab.layout.Layout` keeps its sizes so."""
     split = [a for a in DP_SPLIT if axes.get(a) is not None]
     _check_dp_split(axes, split)
     order = [n for a in AXIS_ORDER for n in (DP_SPLIT if a == "dp" and split else (a,))]
@@ -119,7 +121,7 @@ def layout(*, dp: int | None = None, pp: int | None = None, tp: int | None = Non
     `layout(dp=2, tp=2)` is {"dp": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}: rank r's coordinates are
     the row-major digits of r over the axes in AXIS_ORDER, exactly as `grid` (DeviceMesh) numbers them.
     """
-    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
+    sizes = layout_sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
                     "dp_shard": dp_shard}, None)
     ranks = torch.arange(math.prod(sizes.values())).reshape(*sizes.values())
     groups = {}
@@ -131,7 +133,7 @@ def layout(*, dp: int | None = None, pp: int | None = None, tp: int | None = Non
 
 def coordinates(rank: int, **sizes: int) -> dict[str, int]:
     """Rank `rank`'s position along each axis of a grid of `sizes` (e.g. coordinates(5, dp=2, tp=4))."""
-    chosen = _sizes(dict(sizes), None)
+    chosen = layout_sizes(dict(sizes), None)
     unknown = sorted(set(sizes) - set(AXIS_ORDER) - set(DP_SPLIT))
     if unknown:
         raise ValueError(f"unknown axis (axes) {unknown}; the axes are {list(AXIS_ORDER)}")
@@ -162,7 +164,7 @@ def grid(*, dp: int | None = None, pp: int | None = None, tp: int | None = None,
         raise RuntimeError("grid() needs a process group, and none is initialised in this process: call "
                            "it inside a function started by distlab.launch.run(fn, world_size) or under "
                            "torchrun")
-    sizes = _sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
+    sizes = layout_sizes({"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep, "dp_replicate": dp_replicate,
                     "dp_shard": dp_shard}, dist.get_world_size())
     if device_type is None:
         device_type = launch.device().type

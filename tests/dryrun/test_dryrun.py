@@ -16,7 +16,7 @@ import torch.distributed as dist
 from distlab.dryrun import agreement, dry_run, fake_world, from_published, predicted
 from distlab.dryrun.__main__ import main, parser
 from distlab.dryrun.layouts import dry_run_names, estimator_config
-from distlab.memory.estimator import estimate
+from distlab.memory.estimate.estimator import estimate
 
 # (published run, rank): Llama 3's 16K-GPU layout (ZeRO-1), Megatron-LM's 146B (ZeRO-0, all-reduce) and
 # BLOOM (tp = 4, micro-batch 2, ZeRO-1); a first-stage rank each, so that memory is compared too.

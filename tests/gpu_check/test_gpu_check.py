@@ -64,7 +64,7 @@ def test_the_timed_block_is_the_planners_block_on_one_gpu_of_tp():
     """gpu_check.block: this GPU's share holds W/t of the block's matrices, and its FLOPs are the planner's
     3 b s (2 W + 4 s h) / t (the numbers eta is made of); it runs on the CPU too (tiny shape)."""
     from distlab.gpu_check.block import SHAPES, BlockShape, _weights, block_forward, catalog_gpu, time_block
-    from distlab.memory.shape import block_weights
+    from distlab.memory.estimate.shape import block_weights
     from distlab.plan.cost_model import layer_flops_per_token
     from distlab.plan.inputs import ModelSpec
 

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from distlab.memory import cost_model, estimator
 from distlab.memory.__main__ import main
-from distlab.memory.accounting import gpt_loss_fn, measure_step, saved_activation_bytes
-from distlab.memory.estimator import MemoryConfig, estimate
-from distlab.memory.recompute import (
+from distlab.memory.estimate import cost_model, estimator
+from distlab.memory.estimate.estimator import MemoryConfig, estimate
+from distlab.memory.measure.accounting import gpt_loss_fn, measure_step, saved_activation_bytes
+from distlab.memory.techniques.recompute import (
     layer_options,
     plan_cost,
     plan_for_budget,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from distlab.memory import shape
-from distlab.memory.estimator import estimate
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.estimator import estimate
 from distlab.pipeline.cost_model import bubble_fraction
 from distlab.plan import (
     PRESETS,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from distlab.memory import shape
-from distlab.memory.estimator import MemoryConfig, estimate
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.estimator import MemoryConfig, estimate
 from distlab.parallel3d.placement import group_crosses_servers
 from distlab.plan import RUNS, judge, plan, preset
 from distlab.plan.__main__ import main

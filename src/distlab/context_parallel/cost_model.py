@@ -22,7 +22,7 @@ log-sum-exp per query row and head, b a (L/p) numbers: linear in L/p, no L x L m
 from __future__ import annotations
 
 from distlab.context_parallel.layouts import block_kind, check_layout, chunk_ids, num_chunks
-from distlab.memory import cost_model as memory_cost_model
+from distlab.memory.estimate import cost_model as memory_cost_model
 
 
 def blocks_per_rank(p: int, layout: str) -> list[int]:

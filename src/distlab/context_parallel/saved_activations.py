@@ -1,9 +1,9 @@
 """The activations ring attention saves for backward, measured with chapter 7's instruments.
 
-`distlab.memory.accounting.saved_activation_bytes` counts every storage an op saves for backward (here:
-what `RingAttention.forward` passes to `save_for_backward`), each once. The prediction is
+`distlab.memory.measure.accounting.saved_activation_bytes` counts every storage an op saves for backward
+(here: what `RingAttention.forward` passes to `save_for_backward`), each once. The prediction is
 `cost_model.attention_saved_bytes`: q, k, v, out and one log-sum-exp per row, all L/p long. Chapter 7's
-estimator (`distlab.memory.estimator`, `MemoryConfig(cp=...)`) divides the sequence by cp in the same
+estimator (`distlab.memory.estimate.estimator`, `MemoryConfig(cp=...)`) divides the sequence by cp in the same
 way; it counts the log-sum-exp in fp32 (what a flash-attention kernel keeps), while this implementation
 keeps it in the dtype of q, so in float64 the two differ by b a (L/p) x 4 bytes.
 """
@@ -17,7 +17,7 @@ from distlab import launch
 from distlab.context_parallel.layouts import check_seq_len
 from distlab.context_parallel.merge import block_attention
 from distlab.context_parallel.ring import ring_attention
-from distlab.memory.accounting import saved_activation_bytes
+from distlab.memory.measure.accounting import saved_activation_bytes
 from distlab.mesh import group_size
 
 

@@ -10,6 +10,8 @@ One idea per file:
   (Li et al. 2020, "PyTorch Distributed", VLDB 13(12), sec. 3.2).
 - `train`: the training loop (broadcast, replica check, sharded batches, accumulation), and the
   single-process reference it must match (`distlab.reference` holds the `Task`s it trains: MLP, GPT).
+- `powersgd`: PowerSGD (Vogels et al. 2019), fewer bytes per gradient exchange, as a DDP communication
+  hook (`PowerSGD`), beside plain all-reduce made the same way; chapters 7 and 11 compare it.
 - `parity`: the comparison with the reference (`distlab.parity`), and DP on one dim of a mesh.
 - `timeline`: one step as a timeline of backward and all-reduces (measured by `bench`).
 - `cost_model`: the alpha-beta predictions: seconds per step, and the predicted timeline.

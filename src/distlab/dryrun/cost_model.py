@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.dryrun.layouts import DryLayout, estimator_config
-from distlab.memory.estimator import MemoryEstimate, estimate, stage_activations
+from distlab.memory.estimate.estimator import MemoryEstimate, estimate, stage_activations
 from distlab.parallel3d.cost_model import Traffic, predicted_traffic
 
 __all__ = ["Agreement", "Prediction", "agreement", "predicted", "relative"]

@@ -1,6 +1,6 @@
 """The bytes one rank holds in a step, counted on tensors that have shapes but no data.
 
-Chapter 7's instruments (`distlab.memory.accounting`) count storages by their address; on the meta
+Chapter 7's instruments (`distlab.memory.measure.accounting`) count storages by their address; on the meta
 device every storage has address 0, so `LiveBytes` skips them. This file counts the same four kinds
 (Rajbhandari et al. 2020, sec. 3) by storage *identity* instead (the C++ storage a tensor points to,
 `untyped_storage()._cdata`), which works for meta, fake and real tensors alike:
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from torch import Tensor, nn
 
-from distlab.memory import ZeRO
+from distlab.memory.zero import ZeRO
 
 __all__ = ["HeldBytes", "gradient_watch", "model_state_bytes"]
 

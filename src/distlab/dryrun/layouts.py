@@ -22,11 +22,12 @@ untied output; Dubey et al. 2024, sec. 3.2) and `describe` says so. Three adjust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distlab.dryrun.attention import check_attention
-from distlab.memory.estimator import MemoryConfig
-from distlab.mesh import coordinates
+from distlab.layout import Layout
+from distlab.memory.estimate.estimator import MemoryConfig
+from distlab.model_shape import ModelShape
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
 from distlab.plan.inputs import preset
@@ -51,16 +52,26 @@ class DryLayout:
     hbm_bytes: float = 0.0  # that GPU's memory in bytes (distlab.plan's catalogue); 0 when unknown
 
     @property
+    def layout(self) -> Layout:
+        """The plan's sizes as the course's one `Layout`."""
+        return self.plan.layout
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The trained model's sizes as the course's one `ModelShape` (the GPT's, from its config)."""
+        return ModelShape.from_gpt_config(self.config)
+
+    @property
     def world_size(self) -> int:
-        return self.plan.world_size
+        return self.layout.world_size
 
     def coords(self, rank: int) -> dict[str, int]:
         """(pp, dp, tp) of global `rank` on `distlab.mesh.grid`'s layout (pp outermost, tp innermost):
-        `distlab.mesh.coordinates`, after a check that names this layout."""
+        `Layout.coords`, after a check that names this layout."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank!r} is not a rank of {self.name}'s {self.world_size} ranks; choose "
                              f"0 <= rank < {self.world_size}")
-        return coordinates(rank, pp=self.plan.pp, dp=self.plan.dp, tp=self.plan.tp)
+        return self.layout.coords(rank)
 
     def describe(self) -> str:
         c, p = self.config, self.plan
@@ -89,8 +100,7 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
         raise ValueError(f"layers={layers!r} must be a whole number from pp={run.pp} (one block per "
                          f"stage) to the model's {spec.layers}; or leave it out for the full depth")
     vocab = -(-spec.vocab // run.tp) * run.tp
-    config = GPTConfig(vocab_size=vocab, block_size=spec.seq, n_layer=depth, n_head=spec.heads,
-                       n_embd=spec.hidden, dropout=0.0, bias=True)
+    config = replace(spec.model_shape.in_gpt_block(), layers=depth, vocab=vocab).to_gpt_config(dropout=0.0)
     m = run.batch // (run.dp * run.micro_batch)
     if microbatches is not None:
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or not 1 <= microbatches <= m:
@@ -120,7 +130,7 @@ def estimator_config(layout: DryLayout, attention: str = "flash") -> MemoryConfi
     c, p = layout.config, layout.plan
     split = tuple(len(r) for r in block_ranges(c.n_layer, p.pp))  # given even when even: per-stage answers
     return MemoryConfig(layers=c.n_layer, hidden=c.n_embd, heads=c.n_head, vocab=c.vocab_size,
-                        seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), dp=p.dp, tp=p.tp, pp=p.pp,
+                        seq=layout.seq, micro_batch=layout.batch // (p.dp * p.m), **layout.layout.sizes,
                         zero=p.zero_stage,
                         precision="fp32", recompute="none", schedule="1f1b", microbatches=p.m,
                         attention=attention, dropout=False,

@@ -46,7 +46,7 @@ def _check(method: str, replicas: int, efficiency: float = 1.0) -> None:
 
 def powersgd_values(shapes: Iterable[tuple[int, ...]], rank: int) -> int:
     """Values PowerSGD all-reduces per step: r (n + m) for an n x m matrix where that is smaller than
-    n m, the whole tensor otherwise (as `distlab.memory.compression.PowerSGD` does)."""
+    n m, the whole tensor otherwise (as `distlab.data_parallel.powersgd.PowerSGD` does)."""
     total = 0
     for shape in shapes:
         numel = math.prod(shape)

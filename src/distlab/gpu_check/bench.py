@@ -34,12 +34,12 @@ def cuda_step_peak(layers: int, hidden: int, heads: int, batch: int, seq: int, v
     not a model state), and the prediction for the same shape. `adam`: Adam's implementation ("for-loop",
     "foreach", "fused", or "default", torch's choice on CUDA: foreach; `memory.optimizer_step`), run and
     predicted alike."""
-    from distlab.memory.accounting import optimizer_tensors
-    from distlab.memory.estimator import MemoryConfig
-    from distlab.memory.optimizer_step import adam_form, adam_kwargs
-    from distlab.memory.peak import predict_peak
-    from distlab.memory.precision import MasterWeights
-    from distlab.memory.recompute import policy_plan, recompute_forward
+    from distlab.memory.estimate.estimator import MemoryConfig
+    from distlab.memory.estimate.optimizer_step import adam_form, adam_kwargs
+    from distlab.memory.measure.accounting import optimizer_tensors
+    from distlab.memory.measure.peak import predict_peak
+    from distlab.memory.techniques.precision import MasterWeights
+    from distlab.memory.techniques.recompute import policy_plan, recompute_forward
     from distlab.models import GPT, GPTConfig
 
     dev = torch.device("cuda", device)

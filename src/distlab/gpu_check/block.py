@@ -9,7 +9,7 @@ a term of their own), and divides the planner's FLOPs for that block by the meas
 
     eta = 3 b s (2 W + 4 s h) / t / (P (t_forward + t_backward))
 
-with W the block's matrix weights (`memory.shape.block_weights`, grouped-query attention and gated MLPs
+with W the block's matrix weights (`model_shape.block_weights`, grouped-query attention and gated MLPs
 included) and P the catalog's dense 16-bit peak. Two blocks are timed: Korthikanti et al.'s 22B GPT
 block (the block behind the A100's value, so the two GPUs are compared on the same work) and Llama 3
 405B's (Dubey et al. 2024, Table 3: h 16,384, 128 heads, 8 KV heads, FFN 53,248, SwiGLU) at t = 8 and
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from distlab import catalog, device_names
-from distlab.memory.shape import block_weights, kv_width
+from distlab.model_shape import block_weights, kv_width
 from distlab.timing import cuda_sync, phase_seconds
 
 

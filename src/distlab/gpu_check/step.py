@@ -47,9 +47,9 @@ def predictions(model: ModelSpec, batch: int, rates: KernelRates, eta: float) ->
 def time_step(name: str, layers: int, hidden: int, heads: int, batch: int, seq: int, device: torch.device,
               repeats: int = 10, warmup: int = 3) -> dict:
     """The measured median step and peak of one shape on CUDA `device`, and the predicted peak."""
-    from distlab.memory.estimator import MemoryConfig
-    from distlab.memory.peak import predict_peak
-    from distlab.memory.precision import MasterWeights
+    from distlab.memory.estimate.estimator import MemoryConfig
+    from distlab.memory.measure.peak import predict_peak
+    from distlab.memory.techniques.precision import MasterWeights
     from distlab.models import GPT, GPTConfig
 
     torch.manual_seed(0)

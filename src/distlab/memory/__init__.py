@@ -1,51 +1,31 @@
 """Chapter 7: memory. Where the bytes of a training step go, and every way to need fewer of them.
 
-One idea per file (this chapter's core half, then ZeRO and its relatives):
-- `accounting`: one training step measured exactly on any device: `saved_activation_bytes` (saved-tensor
-  hooks, each storage once), `LiveBytes` (a dispatch mode that tracks live storages and the peak),
-  `measure_step` -> `StepMemory`, and `cuda_peak_check` against `torch.cuda.max_memory_allocated`.
-- `cost_model`: the closed forms: bytes per parameter (ZeRO's 2 + 2 + K), ZeRO's Table 1, Korthikanti et
-  al.'s per-layer activations term by term, the course GPT's exact count, Chen et al.'s sqrt(n) segments.
-- `precision`: mixed precision from scratch: `LossScaler` (static and dynamic), `unscale_`,
-  `MasterWeights` (fp32 weight backup), the check against `torch.amp.GradScaler`, the underflow and
-  accumulation demos, and `require_dtype` (a device that cannot compute in fp16 or bf16).
-- `accumulation`: gradient accumulation with chapter 2's `no_sync`, and its memory.
-- `recompute`: activation recomputation (none, the attention core, the MLP, whole blocks, sqrt(n)
-  segments) with bitwise-equal gradients, `plan_for_budget` (the cost-aware policy) and
-  `time_recompute` (the time overhead against one extra forward).
-- `peak`: the peak of a training step, tensor by tensor: which phase, which tensors are alive, the
-  recomputed working set and the temporaries (`predict_peak` -> `PeakPrediction`), beside
-  `accounting.measure_gpt_step`; `python -m distlab.memory measure --json` prints both. It replays
-  `gpt_step` and `gpt_ends` (the step's ops and their tensors, on one GPU of any layout) and
-  `optimizer_step` (Adam's for-loop, foreach and fused forms; torch's default per device) on a
-  `timeline.Timeline` (live bytes by kind).
-- `peak_layout`: the same peak on the GPU of any layout that holds the most (`layout_peak`,
-  `stage_peak`), the estimator's `peak_bytes`: the one memory number, which chapter 9's planner uses.
-- `estimator`: bytes per GPU of any configuration (dp, tp, pp with 1F1B/GPipe/interleaved, cp, ZeRO
-  0-3, recomputation, offload, precision); `python -m distlab.memory estimate ... --json`. Its terms:
-  `config` (`MemoryConfig`, `validate`), `model_states` (per GPU) and `activations` (per layer, per stage).
-- `figures`: the chapter's pictures and the estimator's explorer; `exercises`: the lab's checks.
-- `bench`: ZeRO's benchmark against PyTorch's built-ins (recomputation's timing is
-  `recompute.time_recompute`).
+Split by concern, one idea per file in each folder (see each folder's map):
+- `estimate/`: the bytes per GPU of any configuration, predicted without running it: the closed forms
+  (`cost_model`), the block's `shape`, `MemoryConfig`, the estimator's terms (`model_states`,
+  `activations`) and its one memory number, the peak of a step replayed tensor by tensor (`peak_layout`,
+  from `gpt_step`, `gpt_ends`, `optimizer_step` on a `timeline`); `estimator.estimate`.
+- `measure/`: the bytes of a step counted on a device (`accounting`: `LiveBytes`, `measure_step`,
+  `saved_activation_bytes`, `cuda_peak_check`, `measure_gpt_step`), beside the tensor-by-tensor
+  prediction of the same step (`peak`, `peak_zero`, `peak_pipeline`, `accumulation_peak`).
+- `techniques/`: the ways to need fewer bytes: mixed `precision`, `recompute`, gradient `accumulation`,
+  Adafactor and gradient `compression` (PowerSGD itself is chapter 2's, `distlab.data_parallel.powersgd`).
 - `zero/`: ZeRO stages 0-3 over a process group: the chapter's readable engine (`ZeRO(model, stage,
   group=)`, its own Adam), the sharded optimizer that runs any torch optimizer (`ShardedOptimizer`,
-  stages 1-2) and the per-module wrapper of stage 3 (`fully_shard`); see `distlab.memory.zero`'s map.
-- `offload`: optimizer state and step on the CPU (ZeRO-Offload), activation offload, and the transfer
-  model; `compression`: memory-efficient optimizers (Adafactor) and gradient compression (PowerSGD).
-- `python -m distlab.memory`: the estimator, and a measured step of the course's GPT.
+  stages 1-2), the per-module wrapper of stage 3 (`fully_shard`), and ZeRO-Offload (`zero.offload`:
+  optimizer state and step on the CPU, activation offload, the transfer model); see its map.
+- `fp8/`: FP8 training from scratch: the formats, scaling, an FP8 linear layer, FP8 all-gathers, when
+  it pays.
+- The chapter's roles: `figures` (the pictures and the estimator's explorer), `exercises` (the lab's
+  checks), `bench` (ZeRO's benchmark against PyTorch's built-ins; recomputation's timing is
+  `techniques.recompute.time_recompute`), and `python -m distlab.memory` (`__main__`: the estimator, and
+  a measured step of the course's GPT).
+- The modules' old homes, which the labs and the book import (`accounting`, `accumulation`,
+  `compression`, `cost_model`, `estimator`, `offload`, `peak`, `precision`, `recompute`, `shape`), are
+  each a few lines that name the new one.
 """
 
-from distlab.memory.accounting import (
-    LiveBytes,
-    StepMemory,
-    cuda_peak_check,
-    gpt_loss_fn,
-    measure_gpt_step,
-    measure_step,
-    saved_activation_bytes,
-)
-from distlab.memory.accumulation import accumulate_gradients, accumulation_peak, split_batch
-from distlab.memory.cost_model import (
+from distlab.memory.estimate.cost_model import (
     ZERO_TABLE_1,
     StepPrediction,
     gpt_activation_bytes,
@@ -58,9 +38,20 @@ from distlab.memory.cost_model import (
     sqrt_segments,
     zero_table,
 )
-from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
-from distlab.memory.peak import PeakPrediction, predict_peak
-from distlab.memory.precision import (
+from distlab.memory.estimate.estimator import MemoryConfig, MemoryEstimate, estimate
+from distlab.memory.measure.accounting import (
+    LiveBytes,
+    StepMemory,
+    cuda_peak_check,
+    gpt_loss_fn,
+    measure_gpt_step,
+    measure_step,
+    saved_activation_bytes,
+)
+from distlab.memory.measure.accumulation_peak import accumulation_peak
+from distlab.memory.measure.peak import PeakPrediction, predict_peak
+from distlab.memory.techniques.accumulation import accumulate_gradients, split_batch
+from distlab.memory.techniques.precision import (
     LossScaler,
     MasterWeights,
     compare_with_grad_scaler,
@@ -68,7 +59,7 @@ from distlab.memory.precision import (
     unscale_,
     update_scale,
 )
-from distlab.memory.recompute import (
+from distlab.memory.techniques.recompute import (
     layer_options,
     plan_cost,
     plan_for_budget,

@@ -5,10 +5,10 @@
         --tp 8 --pp 8 --dp 16 --zero 1 --recompute selective --json
     python -m distlab.memory measure --layers 2 --hidden 64 --heads 4 --batch 8 --seq 32 --json
 
-`estimate` prints the bytes per GPU (`distlab.memory.estimator`), each part and the step's peak
+`estimate` prints the bytes per GPU (`distlab.memory.estimate.estimator`), each part and the step's peak
 (`peak_bytes`, the number chapter 9's planner reports as `memory_gb`); `measure` runs one training step of
-`distlab.models.GPT` on this machine and prints what `distlab.memory.accounting` counted beside the
-prediction of `distlab.memory.cost_model`.
+`distlab.models.GPT` on this machine and prints what `distlab.memory.measure.accounting` counted beside the
+prediction of `distlab.memory.estimate.cost_model`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from distlab.cli_types import at_least, between
-from distlab.memory import cost_model, estimator, optimizer_step
+from distlab.memory.estimate import cost_model, estimator, optimizer_step
 
 PROG = "python -m distlab.memory"
 
@@ -191,8 +191,8 @@ def available_bytes() -> int:
 
 
 def run_measure(args: argparse.Namespace) -> dict[str, object]:
-    from distlab.memory.accounting import measure_gpt_step
-    from distlab.memory.peak import predict_peak
+    from distlab.memory.measure.accounting import measure_gpt_step
+    from distlab.memory.measure.peak import predict_peak
 
     if args.hidden % args.heads:
         raise ValueError(

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 
 from distlab.checks import CaseResult, CheckResult, is_stub, not_written
-from distlab.memory.cost_model import segment_peak_units
-from distlab.memory.precision import update_scale
+from distlab.memory.estimate.cost_model import segment_peak_units
+from distlab.memory.techniques.precision import update_scale
 
 # label, (scale, tracker) at the start, found_inf per step, growth_interval, growth_factor, backoff_factor
 SCALE_CASES = (

@@ -18,7 +18,8 @@ from matplotlib.figure import Figure
 
 from distlab import style
 from distlab.explorers import live_explorer
-from distlab.memory import cost_model, estimator, precision, recompute
+from distlab.memory.estimate import cost_model, estimator
+from distlab.memory.techniques import precision, recompute
 from distlab.models import GPT, GPTConfig
 
 KINDS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")

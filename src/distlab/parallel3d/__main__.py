@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 from distlab import launch
 from distlab.cli_types import DTYPES, add_dtype, add_json, add_seed, add_steps, add_world_size, positive_int
-from distlab.mesh import grid
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import SCHEDULES_3D, ZERO_STAGES_3D, Plan3D, check_plan
 from distlab.parallel3d.cost_model import bytes_by_axis, predicted_traffic
@@ -37,7 +36,7 @@ def _plan(args: argparse.Namespace) -> Plan3D:
 
 def _rank(args: argparse.Namespace) -> RankRun3D:
     plan = _plan(args)
-    mesh = grid(dp=plan.dp, pp=plan.pp, tp=plan.tp)
+    mesh = plan.layout.mesh()
     batches = make_batches(_config(args), args.batch, args.seq, args.steps, args.seed)
     return train_3d(mesh, _config(args), plan, batches, seed=args.seed, dtype=DTYPES[args.dtype],
                     device=launch.device())

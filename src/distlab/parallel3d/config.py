@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.layout import Layout
 from distlab.models import GPTConfig
 
 SCHEDULES_3D = ("gpipe", "1f1b")
@@ -41,11 +42,22 @@ class Plan3D:
     sequence_parallel: bool = False
 
     @property
+    def layout(self) -> Layout:
+        """The sizes as the course's one `Layout` (dp, pp, tp): world size, coordinates, mesh."""
+        return Layout(dp=self.dp, pp=self.pp, tp=self.tp)
+
+    @classmethod
+    def of(cls, layout: Layout, **rest: object) -> Plan3D:
+        """The plan of `layout`'s dp, pp and tp (an axis it does not name: 1), with the other fields in
+        `rest` (m, schedule, zero_stage, sequence_parallel)."""
+        return cls(dp=layout.size("dp"), pp=layout.size("pp"), tp=layout.size("tp"), **rest)  # type: ignore[arg-type]
+
+    @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.layout.world_size
 
     def label(self) -> str:
-        return f"(dp,pp,tp)=({self.dp},{self.pp},{self.tp})"
+        return self.layout.label("dp", "pp", "tp")
 
 
 def _positive(name: str, value: object) -> int:

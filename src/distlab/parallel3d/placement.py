@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.mesh import coordinates, layout
+from distlab.mesh import layout
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D
 from distlab.parallel3d.cost_model import AXES, predicted_traffic
@@ -70,13 +70,13 @@ def assign(plan: Plan3D, cluster: Cluster, order: tuple[str, ...]) -> dict[int, 
     if plan.world_size != gpus:
         raise ValueError(f"the plan needs dp x pp x tp = {plan.world_size} GPUs but the cluster has {gpus} "
                          f"({cluster.nodes} x {cluster.gpus_per_node}); choose sizes whose product is {gpus}")
-    sizes = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp}
+    grid_of = plan.layout
     out = {}
-    for rank in range(plan.world_size):
-        c = coordinates(rank, **sizes)
+    for rank in range(grid_of.world_size):
+        c = grid_of.coords(rank)
         slot = 0
         for d in order:
-            slot = slot * sizes[d] + c[d]
+            slot = slot * grid_of.size(d) + c[d]
         out[rank] = cluster.gpu(slot // cluster.gpus_per_node, slot % cluster.gpus_per_node)
     return out
 

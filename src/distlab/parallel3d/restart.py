@@ -40,7 +40,6 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from distlab import mesh as meshes
 from distlab.parallel3d import checkpoint
 from distlab.parallel3d.checkpoint.train import TrainConfig, dataset, global_batch
 from distlab.parallel3d.config import Plan3D
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = TrainConfig(seed=args.seed)
         plan = Plan3D(dp=args.dp, pp=args.pp, tp=args.tp, m=args.micro_batches, zero_stage=cfg.zero_stage)
-        mesh = meshes.grid(dp=args.dp, pp=args.pp, tp=args.tp)
+        mesh = plan.layout.mesh()
         trainer = Trainer3D(mesh, cfg.gpt(), plan, cfg.batch_size, cfg.block_size, cfg.seed, cfg.lr)
         data = dataset(cfg)
         root = Path(args.dir)

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.comm_log import CommLog, comm_log
-from distlab.memory import ZeRO
+from distlab.memory.zero import ZeRO
 from distlab.mesh import flat_group, group_rank
 from distlab.models import GPT, GPTConfig
 from distlab.parallel3d.checkpoint import ShardedParam

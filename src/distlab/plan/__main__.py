@@ -18,8 +18,8 @@ from typing import Any
 
 from distlab import device_names
 from distlab.cli_types import at_least
-from distlab.memory.cost_model import RECOMPUTE
-from distlab.memory.optimizer_step import FORMS
+from distlab.memory.estimate.cost_model import RECOMPUTE
+from distlab.memory.estimate.optimizer_step import FORMS
 from distlab.plan import limits
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
 from distlab.plan.inputs import HBM_GB, PRESETS, ClusterSpec, ModelSpec, Workload, preset

@@ -3,13 +3,14 @@
 A `Candidate` is one choice of (dp, tp, pp, cp, ZeRO stage, recomputation, micro-batch size, interleaving
 v, and optionally the layers of each pipeline stage). `enumerate_candidates` lists those with
 dp tp pp cp = GPUs, tp dividing the heads (a tp group may span servers: the cost model prices its
-placement), every stage holding at least v layers (uneven splits as `distlab.memory.shape.stage_layers`),
-cp dividing the sequence, and dp x micro-batch at most the global batch: when it does not divide the
-batch, each replica runs m = floor(B / (d b)) micro-batches and the step trains d b m sequences
-(`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each rule removed, so that
+placement), every stage holding at least v layers (uneven splits as
+`distlab.memory.estimate.shape.stage_layers`), cp dividing the sequence, and dp x micro-batch at most the
+global batch: when it does not divide the batch, each replica runs m = floor(B / (d b)) micro-batches and the
+step trains d b m sequences (`Candidate.effective_batch`). `Rejections` counts, per rule, the candidates each
+rule removed, so that
 "0 configurations fit" can say why. `memory` asks chapter 7's estimator
-(`distlab.memory.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares its peak
-(`peak_bytes`, the step's largest live total on the GPU that holds the most) with the GPU's HBM.
+(`distlab.memory.estimate.estimator.estimate`) for the bytes per GPU of one candidate; `fits` compares its
+peak (`peak_bytes`, the step's largest live total on the GPU that holds the most) with the GPU's HBM.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from distlab.memory import shape
-from distlab.memory.cost_model import RECOMPUTE
-from distlab.memory.estimator import MemoryConfig, MemoryEstimate, estimate
-from distlab.memory.optimizer_step import adam_form
+from distlab.layout import Layout
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.cost_model import RECOMPUTE
+from distlab.memory.estimate.estimator import MemoryConfig, MemoryEstimate, estimate
+from distlab.memory.estimate.optimizer_step import adam_form
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload
 from distlab.plan.limits import divisors
 
@@ -77,6 +79,11 @@ class Candidate:
     interleave: int = 1
     layer_split: tuple[int, ...] | None = None  # layers per stage; None = `shape.stage_layers`
 
+    @property
+    def layout(self) -> Layout:
+        """The candidate's sizes as the course's one `Layout` (dp, tp, pp, cp)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
+
     def microbatches(self, batch: int) -> int:
         """m = floor(B / (d b)): micro-batches per replica per step (the batch rounds down)."""
         return batch // (self.dp * self.micro_batch)
@@ -99,8 +106,8 @@ class Candidate:
 def check_fits_grid(model: ModelSpec, cluster: ClusterSpec, workload: Workload, c: Candidate) -> None:
     """Raise a ValueError naming the parameter and the fix when `c` breaks a rule of the search space."""
     n = cluster.gpus
-    if c.dp * c.tp * c.pp * c.cp != n:
-        raise ValueError(f"dp*tp*pp*cp = {c.dp * c.tp * c.pp * c.cp} but the cluster has {n} GPUs; "
+    if c.layout.world_size != n:
+        raise ValueError(f"dp*tp*pp*cp = {c.layout.world_size} but the cluster has {n} GPUs; "
                          "choose sizes whose product is the number of GPUs")
     if model.heads % c.tp:
         raise ValueError(f"tp={c.tp} does not divide heads={model.heads}; choose a tp that divides it")

@@ -1,8 +1,8 @@
 """The planner's step-time model: one training step as a sum of separately reported terms.
 
 FLOPs (Narayanan et al. 2021, eq. (3), for any block shape): a block's forward pass is 2 W + 4 s h FLOPs
-per token, W its matrix weights (`distlab.memory.shape.block_weights`, 12 h^2 for GPT-3) and 4 s h the
-attention scores and their product with V, counted over the whole sequence as the paper counts them; the
+per token, W its matrix weights (`distlab.memory.estimate.shape.block_weights`, 12 h^2 for GPT-3) and 4 s h
+the attention scores and their product with V, counted over the whole sequence as the paper counts them; the
 output layer adds 2 V h; backward is twice forward. So the model FLOPs of a step of B sequences are
 F = 6 B s (L W + V h) + 12 B s^2 h L, and with context parallelism each of the c ranks does the attention of
 its s/c queries against all s keys, a (s/c) s b. Recomputation adds one forward of every block (full) or
@@ -55,8 +55,8 @@ from distlab.collectives.cost_model import (  # chapter 1's ring formulas (their
     ring_all_reduce_time,
     ring_reduce_scatter_time,
 )
-from distlab.memory import shape
-from distlab.memory.estimator import params_per_gpu
+from distlab.memory.estimate import shape
+from distlab.memory.estimate.estimator import params_per_gpu
 from distlab.parallel3d.placement import group_crosses_servers
 from distlab.plan import kernel_time
 from distlab.plan.candidates import Candidate, Settings, memory_config
@@ -93,7 +93,7 @@ class StepTime:
 
 def layer_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs of one block per token: 2 W + 4 s h (module docstring)."""
-    w = shape.block_weights(model.hidden, model.heads, model.kv_heads, model.ffn, model.gated)
+    w = model.model_shape.block_weights
     return 2 * w + 4 * model.seq * model.hidden
 
 
@@ -165,7 +165,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, c: Candidate, rate: float, s
                 if t > 1 else 0.0)
     cp_block = 0.0
     if cp > 1:
-        kv = 2 * act * shape.kv_width(h, model.heads, model.kv_heads) / h / t
+        kv = 2 * act * model.model_shape.kv_width / h / t
         step = _p2p(kv, link(cluster, cp, t))
         hidden = b * (s // cp) * (s // cp) * 4 * h / (t * rate)  # one step's attention, forward
         passes = 4 if c.recompute == "full" else 3

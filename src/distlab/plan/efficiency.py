@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from distlab import catalog
 from distlab.collectives.cost_model import MachineParams, ring_all_gather_time, ring_reduce_scatter_time
-from distlab.memory.shape import block_weights
+from distlab.model_shape import block_weights
 from distlab.topology import Latencies
 
 H100_REPORT = "assets/gpu/nvidia-h100-80gb-hbm3-x1.json"

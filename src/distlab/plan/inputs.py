@@ -1,9 +1,9 @@
 """What the planner is asked: a model, a cluster and a global batch, each a validated dataclass.
 
 `ModelSpec` is a decoder described as chapter 7's estimator describes one (layers, hidden, heads,
-vocabulary, sequence length), with the shape options of `distlab.memory.shape` (grouped-query attention,
-an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published shapes.
-`ClusterSpec` is a number of identical servers from `distlab.catalog`:
+vocabulary, sequence length), with the shape options of `distlab.memory.estimate.shape` (grouped-query
+attention, an FFN size, a gated MLP, untied embeddings, no learned positions). `PRESETS` names published
+shapes. `ClusterSpec` is a number of identical servers from `distlab.catalog`:
 its GPU's peak dense 16-bit FLOP/s, the NVLink bandwidth inside a server and the InfiniBand NICs across
 servers come from the catalog's rows; the HBM capacity, which the catalog does not hold, comes from
 `HBM_GB` here (each row with its source). `Workload` is the global batch and the kernels' efficiency
@@ -18,8 +18,7 @@ from typing import Any
 
 from distlab import catalog
 from distlab.collectives.cost_model import MachineParams
-from distlab.memory import shape
-from distlab.memory.estimator import MemoryConfig, total_params
+from distlab.model_shape import ModelShape
 from distlab.plan import limits
 from distlab.plan.efficiency import efficiency_for
 from distlab.topology import Latencies
@@ -42,7 +41,7 @@ class ModelSpec:
     (`kv_heads` key/value heads, grouped-query attention; None = heads), an MLP of hidden size `ffn`
     (None = 4 hidden; `gated` for SwiGLU's three matrices), a `vocab`-token embedding (`tied` to the
     output layer or not), a learned position embedding or not (`positions`), and sequences of `seq` tokens.
-    The parameter count is chapter 7's estimator's (`distlab.memory.estimator.total_params`)."""
+    Its sizes are the course's one model shape (`model_shape`), whose count chapter 7's estimator uses too."""
 
     layers: int
     hidden: int
@@ -82,11 +81,17 @@ class ModelSpec:
                     positions=self.positions)
 
     @property
+    def model_shape(self) -> ModelShape:
+        """The course's one `ModelShape` of this model (with biases, as the estimator counts it)."""
+        return ModelShape(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,
+                          seq=self.seq, **self.shape())
+
+    @property
     def params(self) -> float:
-        """Parameters (`estimator.total_params`): 12 h^2 + 13 h per GPT-3 block plus V h + s h embeddings;
-        grouped-query attention, the FFN size, gating and untied embeddings as `distlab.memory.shape`."""
-        return total_params(MemoryConfig(layers=self.layers, hidden=self.hidden, heads=self.heads,
-                                         vocab=self.vocab, seq=self.seq, **self.shape()))
+        """Parameters (`ModelShape.params`, the estimator's count): 12 h^2 + 13 h per GPT-3 block plus
+        V h + s h embeddings; grouped-query attention, the FFN size, gating and untied embeddings as
+        `distlab.model_shape`."""
+        return self.model_shape.params
 
     def describe(self) -> str:
         """One line on the model behind the count: blocks, attention, MLP, embeddings."""
@@ -95,7 +100,7 @@ class ModelSpec:
             else "multi-head"
         f = self.ffn or 4 * h
         mlp = f"SwiGLU MLP f={f}" if self.gated else f"GELU MLP f={f}"
-        per = shape.block_weights(h, self.heads, self.kv_heads, self.ffn, self.gated)
+        per = self.model_shape.block_weights
         emb = ("tied" if self.tied else "untied") + " embeddings" + (", learned positions" if self.positions
                                                                     else "")
         return (f"{self.params / 1e9:.4g}B parameters: {self.layers} blocks of h={h}, {self.heads} heads, "

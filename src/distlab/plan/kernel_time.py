@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, replace
 from functools import cache
 
 from distlab.kernel_rates import KernelRates, fallback
-from distlab.memory.shape import block_weights, kv_width
 from distlab.plan.efficiency import MEASURED, BlockTiming
 from distlab.plan.inputs import ModelSpec
 
@@ -68,7 +67,7 @@ class Parts:
 def block_gemms(model: ModelSpec, tokens: int, tp: int = 1) -> list[tuple[int, int, int]]:
     """The (m, n, k) of one block's forward products on one GPU of a tensor-parallel group of `tp`."""
     h, f = model.hidden, model.ffn or 4 * model.hidden
-    q, kv = h, kv_width(h, model.heads, model.kv_heads)
+    q, kv = h, model.model_shape.kv_width
     up = (2 if model.gated else 1) * f
     return [(tokens, (q + 2 * kv) // tp, h), (tokens, h, q // tp), (tokens, up // tp, h),
             (tokens, h, f // tp)]
@@ -149,7 +148,7 @@ def one_gpu_step(model: ModelSpec, micro_batch: int, rates: KernelRates, precisi
 def micro_batch_flops(model: ModelSpec, micro_batch: int, tp: int = 1, cp: int = 1) -> float:
     """The planner's model FLOPs of one micro-batch on one GPU: 3 b (s/c) (L (2 W + 4 s h) + 2 V h) / t
     (`cost_model.model_flops`)."""
-    w = block_weights(model.hidden, model.heads, model.kv_heads, model.ffn, model.gated)
+    w = model.model_shape.block_weights
     per_token = model.layers * (2 * w + 4 * model.seq * model.hidden) + 2 * model.vocab * model.hidden
     return 3 * micro_batch * model.seq / cp * per_token / tp
 

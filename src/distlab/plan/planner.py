@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.memory.estimator import MemoryEstimate
+from distlab.memory.estimate.estimator import MemoryEstimate
 from distlab.plan.candidates import (
     Candidate,
     Rejections,

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.layout import Layout
 from distlab.plan.candidates import Candidate, Settings
 from distlab.plan.inputs import ClusterSpec, ModelSpec, Workload, preset
 
@@ -103,6 +104,11 @@ class PublishedRun:
 
     def workload(self, efficiency: float | None = None) -> Workload:
         return Workload(self.batch, efficiency)
+
+    @property
+    def layout(self) -> Layout:
+        """The published sizes as the course's one `Layout` (dp, tp, pp, cp)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
 
     def candidate(self) -> Candidate:
         return Candidate(self.dp, self.tp, self.pp, self.cp, self.zero, self.recompute, self.micro_batch,

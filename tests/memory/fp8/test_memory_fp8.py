@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from distlab import reference
-from distlab.memory import accounting
 from distlab.memory.__main__ import main
-from distlab.memory.estimator import MemoryConfig, estimate
+from distlab.memory.estimate.estimator import MemoryConfig, estimate
 from distlab.memory.fp8 import compare, cost_model
 from distlab.memory.fp8.formats import E4M3, E5M2, FORMATS, check_against_torch, fp8_format
 from distlab.memory.fp8.linear import Fp8Linear, Fp8Recipe, convert_to_fp8
 from distlab.memory.fp8.scaling import DelayedScaling, block_amax, operand_block, quantize
+from distlab.memory.measure import accounting
 from distlab.plan import Candidate, ClusterSpec, Settings, Workload, memory, preset, step_time
 
 

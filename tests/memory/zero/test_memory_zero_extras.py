@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from distlab import catalog, launch
 from distlab.dist_compat import reduce_scatter_single
-from distlab.memory import compression, offload
+from distlab.memory.techniques import compression
 from distlab.memory.zero import exercises as zero_exercises
+from distlab.memory.zero import offload
 from distlab.memory.zero.parity import GLOBAL_BATCH, SEED, zero_task
 
 # ---------------------------------------------------------------- the exercise check

@@ -21,6 +21,8 @@
   code only labels its collectives (`comm_log.where`); whoever wants the bytes opens the log.
 - `parity`: ZeRO against one process (`distlab.reference`), on the course's MLP and GPT (`zero_task`).
 - `exercises`: the check of the lab's ZeRO-2 exercise; `validate`: the checks of stage, group and mesh.
+- `offload`: ZeRO-Offload (Ren et al. 2021), the optimizer's state and step on the host (`HostShard`,
+  which the engine's units keep), activations offloaded to the host, and the transfer model.
 """
 
 from distlab.memory.zero.engine import ZeRO, check_stage, default_units, dp_group

@@ -30,7 +30,7 @@ from typing import Any
 from torch import Tensor
 
 from distlab.comm_log import CommLog
-from distlab.memory import cost_model
+from distlab.memory.estimate import cost_model
 from distlab.memory.zero.uneven import CONTROL
 
 MIXED = {"param_bytes": 2, "grad_bytes": 2, "k": 12}  # the paper's fp16/fp32 mixed-precision Adam

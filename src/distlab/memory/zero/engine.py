@@ -37,8 +37,8 @@ from torch import Tensor, nn
 
 from distlab.comm_log import where
 from distlab.dist_compat import all_gather_single, reduce_scatter_single
-from distlab.memory.offload import HOST_BYTES_PER_ELEMENT, check_host_room
 from distlab.memory.zero.flat import AdamConfig, FlatUnit
+from distlab.memory.zero.offload import HOST_BYTES_PER_ELEMENT, check_host_room
 from distlab.memory.zero.stage3 import ParameterGather
 from distlab.memory.zero.uneven import CONTROL, agree_on_usage
 from distlab.memory.zero.units import build_unit, default_units, unit_layouts

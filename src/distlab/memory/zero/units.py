@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distlab.memory.offload import HostShard
 from distlab.memory.zero.flat import AdamConfig, FlatUnit, ShardAdam, shard_segments
+from distlab.memory.zero.offload import HostShard
 
 
 def default_units(model: nn.Module) -> list[nn.Module]:

@@ -1,5 +1,6 @@
-"""Chapter 7: the estimator's one memory number, `peak_bytes` (`distlab.memory.peak_layout`), and Adam's
-three implementations (`distlab.memory.optimizer_step`), each against a measured peak on the CPU.
+"""Chapter 7: the estimator's one memory number, `peak_bytes` (`distlab.memory.estimate.peak_layout`), and
+Adam's three implementations (`distlab.memory.estimate.optimizer_step`), each against a measured peak on the
+CPU.
 
 - On one process the layout's walk (one block walked and repeated, stage by stage) is `predict_peak`, the
   op-by-op walk that the CPU measures exactly, to the byte, on a grid of shapes, precisions,
@@ -18,12 +19,12 @@ import pytest
 import torch
 
 from distlab.memory.__main__ import main
-from distlab.memory.accounting import measure_gpt_step
-from distlab.memory.estimator import MemoryConfig, estimate
-from distlab.memory.gpt_ends import gpt_parameter_sizes
-from distlab.memory.optimizer_step import DEFAULTS, FORMS, adam_form, adam_scratch
-from distlab.memory.peak import predict_peak
-from distlab.memory.peak_layout import layout_peak
+from distlab.memory.estimate.estimator import MemoryConfig, estimate
+from distlab.memory.estimate.gpt_ends import gpt_parameter_sizes
+from distlab.memory.estimate.optimizer_step import DEFAULTS, FORMS, adam_form, adam_scratch
+from distlab.memory.estimate.peak_layout import layout_peak
+from distlab.memory.measure.accounting import measure_gpt_step
+from distlab.memory.measure.peak import predict_peak
 
 SHAPES = [(2, 16, 2, 2, 8, 7), (3, 64, 4, 8, 32, 16), (1, 16, 2, 8, 32, 7)]  # L, h, a, b, s, V
 OPTIMIZER_PEAK = [(2, 64, 4, 1, 8, 16)]  # many weights, few activations: the step peaks in Adam's step
@@ -119,8 +120,8 @@ def _measure_held(L, h, a, V, b, s, k, recompute) -> tuple[int, str]:
     """One process as a pipeline stage that holds k micro-batches: with the gradients already accumulated
     (a pipeline's steady state), k forwards of the course's GPT, then k backwards (GPipe's order on one
     stage), under `accounting.LiveBytes`: the peak and its phase."""
-    from distlab.memory.accounting import LiveBytes
-    from distlab.memory.recompute import policy_plan, recompute_forward
+    from distlab.memory.measure.accounting import LiveBytes
+    from distlab.memory.techniques.recompute import policy_plan, recompute_forward
     from distlab.models import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -144,7 +145,7 @@ def test_held_micro_batches_within_5_percent_of_the_measured_peak() -> None:
     """The pipeline's in-flight term: a stage that holds k - 1 other micro-batches' saved tensors while it
     walks one backward, with the gradients accumulated (`stage_peak(c, 0, held=k - 1)`, no optimizer on
     the device: `offload=True`). The prediction counts the very storages LiveBytes sees."""
-    from distlab.memory.peak_layout import stage_peak
+    from distlab.memory.estimate.peak_layout import stage_peak
 
     rows = []
     for (L, h, a, V, b, s), recompute, k in itertools.product(
@@ -163,7 +164,7 @@ def test_held_micro_batches_within_5_percent_of_the_measured_peak() -> None:
 def _tp_rank_peaks(shapes) -> list[tuple[int, str]]:
     """On each rank of a tensor-parallel group: one forward and backward of chapter 5's `ParallelGPT`, the
     gradients already accumulated, under `accounting.LiveBytes`."""
-    from distlab.memory.accounting import LiveBytes
+    from distlab.memory.measure.accounting import LiveBytes
     from distlab.models import GPTConfig
     from distlab.tensor_parallel.model import ParallelGPT
 
@@ -192,7 +193,7 @@ def test_tensor_parallel_sharding_within_5_percent_of_each_ranks_measured_peak()
     keeps the all-gathered input of each column-parallel layer for its backward, where Megatron-LM, whose
     count (Korthikanti et al. 2022, Table 2) the estimator follows, gathers it again: not compared here.)"""
     from distlab import launch
-    from distlab.memory.peak_layout import stage_peak
+    from distlab.memory.estimate.peak_layout import stage_peak
 
     shapes = [(2, 64, 4, 16, 4, 32), (3, 128, 4, 64, 2, 64)]
     measured = launch.run(_tp_rank_peaks, 2, shapes)
@@ -209,7 +210,7 @@ def _cp_rank_peaks(shapes) -> list[tuple[int, str]]:
     """On each rank of a context-parallel group: one forward and backward of the course's GPT on this
     rank's s/c tokens with ring attention (chapter 6's `cp_gpt_loss`), gradients accumulated, LiveBytes."""
     from distlab.context_parallel.layer import cp_gpt_loss
-    from distlab.memory.accounting import LiveBytes
+    from distlab.memory.measure.accounting import LiveBytes
     from distlab.models import GPT, GPTConfig
 
     out = []
@@ -236,7 +237,7 @@ def test_context_parallel_sharding_within_5_percent_of_each_ranks_measured_peak(
     a log-sum-exp per row, as flash attention does), the parameters whole (`MemoryConfig(cp=2, dp=2)`: the
     planner's ZeRO group is dp x cp)."""
     from distlab import launch
-    from distlab.memory.peak_layout import stage_peak
+    from distlab.memory.estimate.peak_layout import stage_peak
 
     shapes = [(2, 64, 4, 16, 4, 32), (3, 128, 4, 64, 2, 64)]
     measured = launch.run(_cp_rank_peaks, 2, shapes)

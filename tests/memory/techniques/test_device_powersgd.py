@@ -15,7 +15,7 @@ from distlab import launch
 
 
 def _compare_as_on_a_gpu_node(steps: int) -> tuple[list, bool]:
-    from distlab.memory import compression
+    from distlab.memory.techniques import compression
 
     torch.cuda.is_available = lambda: True  # this rank's process only; it ends with the run
     synchronize = torch.cuda.synchronize

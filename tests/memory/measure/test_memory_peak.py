@@ -1,4 +1,4 @@
-"""Chapter 7: the predicted peak of a training step (`distlab.memory.peak`) against the measured one.
+"""Chapter 7: the predicted peak of a training step (`distlab.memory.measure.peak`) against the measured one.
 
 The grid covers what the chapter teaches in one process: recomputation none, selective and full; fp32
 and mixed precision (a bf16 model with fp32 master weights); models with and without biases; peaks that
@@ -13,9 +13,9 @@ import json
 import pytest
 
 from distlab.memory.__main__ import main
-from distlab.memory.accounting import measure_gpt_step
-from distlab.memory.estimator import MemoryConfig
-from distlab.memory.peak import KINDS, Timeline, gpt_parameter_sizes, predict_peak
+from distlab.memory.estimate.estimator import MemoryConfig
+from distlab.memory.measure.accounting import measure_gpt_step
+from distlab.memory.measure.peak import KINDS, Timeline, gpt_parameter_sizes, predict_peak
 
 # (layers, hidden, heads, batch, seq, vocab, bias, precision, recompute): 12 shapes, tiny so that the
 # test stays fast; the first has its mixed-precision peak in the optimizer's step, the second in backward

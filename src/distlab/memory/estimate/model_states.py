@@ -6,25 +6,25 @@ LayerNorms and the row-parallel biases replicated), the blocks over the pipeline
 the first stage and the output layer on the last (Narayanan et al. 2021; Shoeybi et al. 2019). Each
 parameter then costs 2 + 2 + K bytes under mixed precision (K = 12) or 4 + 4 + 8 in fp32, divided by
 ZeRO's stage over the dp ranks (Rajbhandari et al. 2020, sec. 5); with offload the optimizer state lives in
-the host's memory instead (Ren et al. 2021, "ZeRO-Offload"). Modern shapes (`distlab.memory.shape`) and
-uneven pipeline splits count the stage that holds the most.
+the host's memory instead (Ren et al. 2021, "ZeRO-Offload"). Modern shapes (`distlab.memory.estimate.shape`)
+and uneven pipeline splits count the stage that holds the most.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig, total_params
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.config import MemoryConfig, total_params
 
 
 def _stage_params(c: MemoryConfig) -> float:
     """Parameters one GPU holds on the pipeline stage that holds the most (modern shapes, uneven splits)."""
     h, t = c.hidden, c.tp
     f = c.ffn or 4 * h
-    hkv = shape.kv_width(h, c.heads, c.kv_heads)
+    hkv = c.model_shape.kv_width
     biases = (h + 2 * hkv + f * (2 if c.gated else 1)) / t + 6 * h  # split column biases; norms, row biases
-    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) / t + biases
+    per_layer = c.model_shape.block_weights / t + biases
     split = shape.stage_layers(c.layers, c.pp, c.layer_split)
     embed = c.vocab * h / t + (c.seq * h if c.positions else 0)
     head = (c.vocab * h / t if (not c.tied or c.pp > 1) else 0) + 2 * h

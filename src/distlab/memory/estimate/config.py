@@ -2,8 +2,8 @@
 
 `MemoryConfig` holds what the estimator's command line (`python -m distlab.memory estimate`) and the
 planner describe: the model (a parameter count, or its shape: layers, hidden, heads, vocab, and the modern
-shape options of `distlab.memory.shape`), the micro-batch and sequence, the parallel layout (dp, tp, pp,
-cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
+shape options of `distlab.memory.estimate.shape`), the micro-batch and sequence, the parallel layout (dp, tp,
+pp, cp; the pipeline's schedule, micro-batches and interleaving), ZeRO's stage, precision, recomputation,
 offload, FP8, and the Adam implementation and device (`optimizer_step`). `validate` checks one before
 anything is computed, in the order a reader fixes them (the training options, the pipeline schedule, then
 the shape against the layout); every error names the value and the fix.
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from distlab.memory import cost_model, shape
-from distlab.memory.optimizer_step import adam_form
+from distlab.layout import Layout
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.optimizer_step import adam_form
+from distlab.model_shape import ModelShape
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -59,8 +61,35 @@ class MemoryConfig:
     device: str = "cuda"  # where the step runs: cuda (a GPU) or cpu; it picks the default Adam
 
     @property
+    def model_shape(self) -> ModelShape | None:
+        """The shape as the course's one `ModelShape` (biases included, as the estimator counts them);
+        None without a shape (`params` alone)."""
+        if self.layers is None:
+            return None
+        return ModelShape(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,
+                          seq=self.seq, kv_heads=self.kv_heads, ffn=self.ffn, gated=self.gated,
+                          tied=self.tied, positions=self.positions)
+
+    @classmethod
+    def of(cls, shape: ModelShape, layout: Layout | None = None, **rest: object) -> MemoryConfig:
+        """The configuration of `shape` on `layout` (dp, tp, pp, cp; None: one GPU), with the training
+        options in `rest` (micro_batch, zero, precision, ...)."""
+        if not shape.bias:
+            raise ValueError("the estimator counts a model with biases; give a ModelShape with bias=True")
+        sizes = {} if layout is None else {a: layout.size(a) for a in ("dp", "tp", "pp", "cp")}
+        return cls(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, vocab=shape.vocab,  # type: ignore[arg-type]
+                   seq=shape.seq, kv_heads=shape.kv_heads, ffn=shape.ffn, gated=shape.gated, tied=shape.tied,
+                   positions=shape.positions, **sizes, **rest)
+
+    @property
+    def layout(self) -> Layout:
+        """The sizes as the course's one `Layout` (dp, tp, pp, cp)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
+
+    @property
     def modern(self) -> bool:
-        """Whether any shape option of `distlab.memory.shape` departs from chapter 7's GPT-3 block."""
+        """Whether any shape option of `distlab.memory.estimate.shape` departs from chapter 7's GPT-3
+        block."""
         return (self.kv_heads not in (None, self.heads) or self.ffn not in (None, 4 * (self.hidden or 0))
                 or self.gated or not self.tied or not self.positions or self.layer_split is not None
                 or self.rounds is not None)
@@ -111,16 +140,12 @@ def _check_params(c: MemoryConfig) -> None:
 
 
 def total_params(c: MemoryConfig) -> float:
-    """The model's parameter count from its shape (`c.params` when given)."""
+    """The model's parameter count from its shape (`c.params` when given): `ModelShape.params`."""
     if c.params is not None:
         return c.params
-    if not c.modern:
-        return cost_model.gpt_num_params(c.layers, c.hidden, c.vocab, c.seq)
-    h, f = c.hidden, c.ffn or 4 * c.hidden
-    biases = 7 * h + 2 * shape.kv_width(h, c.heads, c.kv_heads) + f * (2 if c.gated else 1)
-    per_layer = shape.block_weights(h, c.heads, c.kv_heads, c.ffn, c.gated) + biases
-    return (c.layers * per_layer + c.vocab * h * (1 if c.tied else 2) + (c.seq * h if c.positions else 0)
-            + 2 * h)
+    if c.model_shape is None:
+        raise ValueError("give params (the parameter count) or the model's layers, hidden, heads and vocab")
+    return c.model_shape.params
 
 
 def _check_params_against_shape(c: MemoryConfig) -> None:

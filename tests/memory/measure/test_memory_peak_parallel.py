@@ -1,6 +1,6 @@
 """Chapter 7: the predicted peak of a step on 2 ranks against the measured one, in one launch: ZeRO
-stages 0-3 (`distlab.memory.peak_zero`) and a 2-stage pipeline, GPipe and 1F1B, per stage
-(`distlab.memory.peak_pipeline`).
+stages 0-3 (`distlab.memory.measure.peak_zero`) and a 2-stage pipeline, GPipe and 1F1B, per stage
+(`distlab.memory.measure.peak_pipeline`).
 
 Three shapes: a peak in Adam's step (stages 0-1: the largest unit's sqrt(v) and denominator on top of
 the model states) and in the backward (stages 2-3: two full gradient buffers, the one in flight and the
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from distlab import launch
-from distlab.memory.peak_pipeline import SCHEDULES, measure_pipeline_step, predict_pipeline_peak
-from distlab.memory.peak_zero import STAGES, measure_zero_step, predict_zero_peak
+from distlab.memory.measure.peak_pipeline import SCHEDULES, measure_pipeline_step, predict_pipeline_peak
+from distlab.memory.measure.peak_zero import STAGES, measure_zero_step, predict_zero_peak
 
 CASES = [((64, 96, 33), 16), ((8, 256, 8), 64), ((100, 30, 7), 5)]
 # (d0, d1, d2), batch, m: m = 2 (1F1B's stash bound p - rank equals m on stage 0) up to m = 8

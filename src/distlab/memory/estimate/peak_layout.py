@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig, total_params, validate
-from distlab.memory.gpt_ends import (
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.config import MemoryConfig, total_params, validate
+from distlab.memory.estimate.gpt_ends import (
     block_parameter_sizes,
     embedding_backward,
     embedding_forward,
@@ -37,9 +37,9 @@ from distlab.memory.gpt_ends import (
     head_backward,
     head_forward,
 )
-from distlab.memory.gpt_step import StepShape, block_backward, block_forward
-from distlab.memory.optimizer_step import adam_form, adam_step, master_step
-from distlab.memory.timeline import Timeline
+from distlab.memory.estimate.gpt_step import StepShape, block_backward, block_forward
+from distlab.memory.estimate.optimizer_step import adam_form, adam_step, master_step
+from distlab.memory.estimate.timeline import Timeline
 
 OPTIONS = {"none": "none", "selective": "core", "full": "block"}  # recompute policy -> per-block option
 
@@ -59,7 +59,7 @@ def step_shape(c: MemoryConfig, bias: bool = True) -> StepShape:
     s = c.seq // c.cp
     return StepShape(c.micro_batch * s, s, c.hidden, c.heads, c.vocab, 2 if c.precision == "mixed" else 4,
                      bias, c.tp, c.tp if c.sequence_parallel else 1,
-                     shape.kv_width(c.hidden, c.heads, c.kv_heads), c.ffn, c.gated, c.attention == "math",
+                     c.model_shape.kv_width, c.ffn, c.gated, c.attention == "math",
                      c.dropout, c.fp8, c.tied, c.positions)
 
 

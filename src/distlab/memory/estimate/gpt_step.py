@@ -15,7 +15,7 @@ attention's and the MLP's inner tensors (q, k, v, the attention output, the MLP'
 logits over the vocabulary), and `sp` dividing the residual stream's tensors too under sequence
 parallelism. With t = sp = 1, flash attention and no dropout it is the course's `distlab.models.GPT` on
 one process, which the CPU measures exactly (`tests/memory/test_memory_peak.py`). The options of a
-modern block (`distlab.memory.shape`): h_kv-wide K and V (grouped-query attention), an f-wide MLP,
+modern block (`distlab.memory.estimate.shape`): h_kv-wide K and V (grouped-query attention), an f-wide MLP,
 gated (gate and up outputs and their product saved, as the estimator counts them); "math"
 attention saves the s x s softmax and, with dropout, its one-byte mask and output; dropout after each
 block's two projections saves a one-byte mask; FP8 keeps the four linear layers' saved inputs in one
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distlab.memory.timeline import Timeline
+from distlab.memory.estimate.timeline import Timeline
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from distlab.memory.timeline import Timeline
+from distlab.memory.estimate.timeline import Timeline
 
 FORMS = ("for-loop", "foreach", "fused")
 DEFAULTS = {"cuda": "foreach", "cpu": "for-loop"}  # torch 2.13's choice for a bare Adam, by device

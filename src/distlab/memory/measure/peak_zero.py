@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distlab.memory.accounting import LiveBytes
-from distlab.memory.peak import Timeline
+from distlab.memory.estimate.timeline import Timeline
+from distlab.memory.measure.accounting import LiveBytes
 
 STAGES = (0, 1, 2, 3)
 

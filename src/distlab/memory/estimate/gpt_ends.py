@@ -13,8 +13,14 @@ untied output layer's is.
 
 from __future__ import annotations
 
-from distlab.memory.gpt_step import StepShape, _layernorm, _layernorm_backward, block_backward, block_forward
-from distlab.memory.timeline import Timeline
+from distlab.memory.estimate.gpt_step import (
+    StepShape,
+    _layernorm,
+    _layernorm_backward,
+    block_backward,
+    block_forward,
+)
+from distlab.memory.estimate.timeline import Timeline
 
 
 def block_parameter_sizes(h: int, bias: bool = True, t: int = 1, kv: int | None = None, f: int | None = None,

@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.memory.peak import Timeline
-from distlab.memory.peak_zero import ResizingLiveBytes
+from distlab.memory.estimate.timeline import Timeline
+from distlab.memory.measure.peak_zero import ResizingLiveBytes
 
 SCHEDULES = ("gpipe", "1f1b")
 

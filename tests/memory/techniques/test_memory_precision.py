@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from distlab import launch
-from distlab.memory import precision
-from distlab.memory.accumulation import accumulate_gradients, accumulation_peak, split_batch
 from distlab.memory.exercises import check_loss_scale_update, check_sqrt_segments
-from distlab.memory.precision import LossScaler, MasterWeights, update_scale
+from distlab.memory.measure.accumulation_peak import accumulation_peak
+from distlab.memory.techniques import precision
+from distlab.memory.techniques.accumulation import accumulate_gradients, split_batch
+from distlab.memory.techniques.precision import LossScaler, MasterWeights, update_scale
 from distlab.models import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -186,7 +187,7 @@ def test_loss_scale_exercise_passes_the_reference_and_explains_mistakes():
 
 
 def test_segments_exercise_passes_sqrt_and_explains_mistakes():
-    from distlab.memory.cost_model import sqrt_segments
+    from distlab.memory.estimate.cost_model import sqrt_segments
 
     assert check_sqrt_segments(sqrt_segments)
     for fn, message in (
@@ -201,7 +202,7 @@ def test_segments_exercise_passes_sqrt_and_explains_mistakes():
 
 
 def test_measured_mixed_precision_model_states_are_2_2_12_bytes_per_parameter():
-    from distlab.memory.accounting import gpt_loss_fn, measure_step
+    from distlab.memory.measure.accounting import gpt_loss_fn, measure_step
 
     torch.manual_seed(0)
     half = GPT(CONFIG).to(torch.bfloat16)

@@ -13,8 +13,8 @@ inputs of a block's four linear layers (`LINEAR_INPUTS`) are saved in 1 byte ins
 
 from __future__ import annotations
 
-from distlab.memory import cost_model, shape
-from distlab.memory.config import MemoryConfig
+from distlab.memory.estimate import cost_model, shape
+from distlab.memory.estimate.config import MemoryConfig
 
 LINEAR_INPUTS = ("qkv input", "projection input", "mlp input", "mlp output-layer input")  # saved in FP8
 

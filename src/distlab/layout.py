@@ -1,0 +1,85 @@
+"""One parallel layout: how many ranks along each axis of the job's grid, and what follows from that.
+
+A `Layout` is the sizes alone, no process: `Layout(dp=2, pp=2, tp=2)` is 8 ranks, and only the axes
+named are in it (size 1 is allowed, and keeps the axis, as `distlab.mesh.grid` keeps it). Everything the
+course derives from those sizes is derived here, once: the world size, a rank's coordinates, the groups
+of every axis as global ranks, the torch `DeviceMesh` it builds on a running job, and a label. The axes
+are `distlab.mesh`'s (`AXIS_ORDER`, pp outermost and tp innermost, and HSDP's `dp_replicate` x
+`dp_shard` in dp's place); so are the checks on the sizes and their messages. torchtitan keeps the same
+one object (`ParallelDims`) that every consumer reads.
+
+Chapter 9's `Plan3D` and planner candidates, its published runs, chapter 12's dry-run layouts and chapter
+7's `MemoryConfig` each expose theirs as `.layout`. "Is this axis in the mesh" is asked of a running
+mesh, not of sizes: `distlab.mesh.require_axes` is that one check and its message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from torch.distributed.device_mesh import DeviceMesh
+
+from distlab import mesh as meshes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Ranks along each named axis (None: the axis is not in the layout); at least one axis is named."""
+
+    dp: int | None = None
+    pp: int | None = None
+    tp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+
+    def __post_init__(self) -> None:
+        meshes.layout_sizes(self._given(), None)  # raises, naming the axis and the fix
+
+    def _given(self) -> dict[str, int | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The named axes and their sizes, outermost first (`distlab.mesh.AXIS_ORDER`)."""
+        return meshes.layout_sizes(self._given(), None)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The named axes, outermost first."""
+        return tuple(self.sizes)
+
+    def size(self, axis: str) -> int:
+        """Ranks along `axis`; 1 for an axis that is not in the layout."""
+        return self.sizes.get(axis, 1)
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks: the product of the sizes."""
+        return math.prod(self.sizes.values())
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Global `rank`'s position along each axis, outermost first (`distlab.mesh.coordinates`)."""
+        return meshes.coordinates(rank, **self.sizes)
+
+    def groups(self) -> dict[str, list[list[int]]]:
+        """Every axis's groups as lists of global ranks, without processes (`distlab.mesh.layout`)."""
+        return meshes.layout(**self.sizes)
+
+    def mesh(self, device_type: str | None = None) -> DeviceMesh:
+        """The job's `DeviceMesh` with these axes (`distlab.mesh.grid`); call it on every rank."""
+        return meshes.grid(**self.sizes, device_type=device_type)
+
+    def label(self, *axes: str) -> str:
+        """"(dp,pp,tp)=(2,2,2)": the sizes of `axes` in the order given (default: the named axes in the
+        order of the fields: dp, pp, tp, cp, ep, dp_replicate, dp_shard)."""
+        names = axes or tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
+        return f"({','.join(names)})=({','.join(str(self.size(a)) for a in names)})"
+
+    @classmethod
+    def of(cls, mesh: DeviceMesh) -> Layout:
+        """The layout of a running mesh built by `distlab.mesh.grid` (its axis names and sizes)."""
+        names = meshes.mesh_axes(mesh)
+        return cls(**{name: mesh.size(i) for i, name in enumerate(names)})
