@@ -16,6 +16,9 @@ Split by concern, one idea per file in each folder (see each folder's map):
   optimizer state and step on the CPU, activation offload, the transfer model); see its map.
 - `fp8/`: FP8 training from scratch: the formats, scaling, an FP8 linear layer, FP8 all-gathers, when
   it pays.
+- `muon/`: optimizers that do not shard elementwise: Muon on the data-parallel group, whole matrices on
+  owner ranks (`OwnerMuon`) or moved there from ZeRO's layout by all-to-all (`AllToAllMuon`), their cost
+  model, Muon with tensor parallelism, and what Shampoo's and SOAP's preconditioners cost when sharded.
 - The chapter's roles: `figures` (the pictures and the estimator's explorer), `exercises` (the lab's
   checks), `bench` (ZeRO's benchmark against PyTorch's built-ins; recomputation's timing is
   `techniques.recompute.time_recompute`), and `python -m distlab.memory` (`__main__`: the estimator, and
