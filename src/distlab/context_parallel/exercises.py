@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -58,10 +58,11 @@ def check_merge(fn: MergeFn) -> CheckResult:
     return CheckResult("merge two partial attention results", cases, case_heading="case")
 
 
-def check_zigzag_chunks(fn: Callable[[int, int], tuple[int, ...]]) -> CheckResult:
-    """`fn(rank, p) -> chunk numbers` against the zig-zag layout for p = 1 .. 4."""
+def check_zigzag_chunks(fn: Callable[[int, int], tuple[int, ...]],
+                        world_sizes: Sequence[int] = (1, 2, 3, 4)) -> CheckResult:
+    """`fn(rank, p) -> chunk numbers` against the zig-zag layout for each p of `world_sizes` (1 .. 4)."""
     cases = []
-    for p in (1, 2, 3, 4):
+    for p in world_sizes:
         lines = []
         for r in range(p):
             want = chunk_ids(r, p, "zigzag")
