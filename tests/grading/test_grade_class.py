@@ -3,9 +3,10 @@
 The class is made here from the course's labs: the worked solutions, the stubs as `make student` writes
 them, wrong solutions of the kinds the checks name (a rule off by one, a solution tuned to the public cases
 that the hidden cases catch), a cell that is not valid Python, one that loops forever, one that prints
-forever, one that kills its ranks, and two that write into the repository (one from the grading process,
-one from a rank; both catch the error). To stay near a minute on two cores it uses the cheap labs (03, 10,
-11) for most kinds and lab 01 for the ranks, and a short timeout for the hang.
+forever, one that ends the grading process, one that kills its ranks, and two that write into the
+repository (one from the grading process, one from a rank; both catch the error). To stay near a minute on
+two cores it uses the cheap labs (03, 10, 11) for most kinds and lab 01 for the ranks, and a short timeout
+for the hang.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ def my_outer_step(theta, thetas, buffer, lr, mu):
     while True:
         print("still thinking")
 """
+KILLS_THE_GRADER = """
+def my_may_start(clock, clocks, staleness):
+    import os
+    os._exit(7)
+"""
 KILLS_ITS_RANK = """
 import torch
 
@@ -78,7 +84,8 @@ def my_may_start(clock, clocks, staleness):
 def _plant(lab: str, function: str, source: str, nb: dict | None = None) -> dict:
     """Lab `lab` (the course's copy, or `nb`) with the cell that defines `function` replaced by `source`."""
     nb = nb or json.loads((LABS / f"{lab}.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and f"def {function}(" in "".join(c["source"]))
+    cell = next(c for c in nb["cells"]
+                if c["cell_type"] == "code" and f"def {function}(" in "".join(c["source"]))
     cell["source"] = source
     return nb
 
@@ -97,7 +104,8 @@ CLASS = {
     "wrong": {"03_async_sgd": lambda lab: _plant(lab, "my_may_start", WRONG_MAY_START),
               "10_context_parallel": lambda lab: _plant(lab, "my_merge", BROKEN_MERGE,
                                                         _plant(lab, "my_chunks", TUNED_CHUNKS))},
-    "hangs": {"11_fault_tolerance": lambda lab: _plant(lab, "my_outer_step", PRINTS_FOREVER,
+    "hangs": {"03_async_sgd": lambda lab: _plant(lab, "my_may_start", KILLS_THE_GRADER),
+              "11_fault_tolerance": lambda lab: _plant(lab, "my_outer_step", PRINTS_FOREVER,
                                                        _plant(lab, "my_healing_fraction", HANG))},
     "ranks": {"01_collectives": lambda lab: _plant(lab, "my_two_level_all_reduce", WRITES_FROM_A_RANK,
                                                    _plant(lab, "my_ring_all_reduce", KILLS_ITS_RANK))},
@@ -115,10 +123,11 @@ EXPECTED = {
     ("wrong", "check_may_start"): ("fail", "public+hidden", "<="),
     ("wrong", "check_merge"): ("crashed", "", "not valid Python"),
     ("wrong", "check_zigzag_chunks"): ("fail", "hidden", "p = 5"),
+    ("hangs", "check_may_start"): ("crashed", "", "the process ended (exit code 7)"),
     ("hangs", "check_healing_fraction"): ("timed out", "", f"after {TIMEOUT} s"),
     ("hangs", "check_outer_step"): ("crashed", "", "printed more than"),
     ("ranks", "check_ring_all_reduce"): ("crashed", "public+hidden", "rank"),
-    ("ranks", "check_two_level_all_reduce"): ("forbidden write", "", PLANTED["rank"]),
+    ("ranks", "check_two_level_all_reduce"): ("forbidden write", "public+hidden", PLANTED["rank"]),
     ("writer", "check_may_start"): ("forbidden write", "", PLANTED["repo"]),
 }
 
