@@ -73,7 +73,8 @@ def _environment(root: Path) -> dict[str, str]:
     env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"), DISTLAB_PROGRESS="off",
                PYTHONDONTWRITEBYTECODE="1", MPLCONFIGDIR=str(root / "tmp"), MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join([str(root / "site"), src] + [p for p in [os.environ.get(
-                   "PYTHONPATH", "")] if p]), **{guard.ROOT_ENV: str(root)})
+                   "PYTHONPATH", "")] if p]))
+    env[guard.ROOT_ENV], env[guard.PROTECT_ENV] = str(root), str(os.getpid())
     return env
 
 
@@ -125,14 +126,14 @@ def _watch(child: _Child, timeout: float) -> tuple[list[dict], dict | None]:
             code = child.proc.returncode
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             return done, {"check": current, "verdict": "crashed", "message": f"the process ended ({how})"}
-        since = child.began if current is None else child.began + _started_at(child, len(lines))
-        limit = START_LIMIT if current is None and not done else timeout
+        since = child.began + _started_at(child, len(lines))  # when the engine saw the last line
+        limit = timeout if lines else START_LIMIT
         if time.monotonic() - since > limit:
             child.kill()
             what = "timed out" if current else "crashed"
             message = (f"still running after {timeout:g} s" if current else
-                       f"the grading process did not start within {START_LIMIT:g} s")
-            return done, {"check": current or "", "verdict": what, "message": message, "seconds": timeout}
+                       f"the grading process did not go on to this exercise within {limit:g} s")
+            return done, {"check": current or "", "verdict": what, "message": message, "seconds": limit}
         time.sleep(0.1)
 
 
@@ -175,17 +176,16 @@ def _run_jobs(jobs: list[dict], hidden: bool, timeout: float) -> list[dict]:
             child = _Child(root, jobs, hidden)
             done, stopped = _watch(child, timeout)
             out += done
-            finished = {x["check"] for x in done}
-            if stopped is None and not done:
-                stopped = {"check": jobs[0]["check"], "verdict": "crashed",
-                           "message": "the grading process ended before the exercise started"}
+            jobs = [j for j in jobs if j["check"] not in {x["check"] for x in done}]
+            if stopped is None and jobs:
+                stopped = {"check": "", "verdict": "crashed",
+                           "message": "the grading process ended before this exercise started"}
             if stopped is not None and stopped["check"]:
                 out.append(stopped)
-                finished.add(stopped["check"])
-            elif stopped is not None:  # it never started: every exercise left shares the verdict
+                jobs = [j for j in jobs if j["check"] != stopped["check"]]
+            elif stopped is not None:  # between two exercises: every exercise left shares the verdict
                 out += [{**stopped, "check": j["check"]} for j in jobs]
-                finished |= {j["check"] for j in jobs}
-            jobs = [j for j in jobs if j["check"] not in finished]
+                jobs = []
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)

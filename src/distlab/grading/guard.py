@@ -8,6 +8,7 @@ the hook before any other code runs. The hook refuses, with a `PermissionError`:
 
 - opening a file for writing (``open``, ``io.open``, ``os.open`` with a write flag) outside the root;
 - removing, renaming, linking, truncating, chmod-ing or making a folder outside the root;
+- sending a signal to the grader itself, its process group, or every process (pid -1);
 - starting a program other than this Python interpreter (which would not carry the hook) and a few that
   only read (`READ_ONLY_PROGRAMS`: matplotlib's font list, the doctor's probes),
 
@@ -28,13 +29,15 @@ import os
 import sys
 
 ROOT_ENV = "DISTLAB_GRADE_ROOT"
+PROTECT_ENV = "DISTLAB_GRADE_ENGINE"  # the grader's own process id, which no signal may reach
 LOG_NAME = "forbidden.log"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _ALLOWED_DEVICES = ("/dev/null", "/dev/shm/")
 # audit event -> the positions of its path arguments (Python's audit events table)
 _PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
                 "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,),
-                "os.mkdir": (0,), "shutil.rmtree": (0,), "os.utime": (0,)}
+                "os.mkdir": (0,), "shutil.rmtree": (0,), "os.utime": (0,), "os.setxattr": (0,),
+                "os.removexattr": (0,), "sqlite3.connect": (0,)}
 _SPAWN_EVENTS = ("os.system", "os.exec", "os.posix_spawn", "os.spawn")
 # Programs the course's libraries start and that only read: matplotlib's font list, the doctor's probes.
 READ_ONLY_PROGRAMS = ("fc-list", "fc-match", "uname", "nvidia-smi", "lscpu")
@@ -73,6 +76,14 @@ class _Guard:
         self.root = os.path.realpath(root)
         self.log = os.path.join(self.root, LOG_NAME)
         self.busy = False
+        self.protected = {-1}  # the grader, its process group (kill(-pgid), killpg), every process (-1)
+        engine = os.environ.get(PROTECT_ENV, "")
+        if engine.isdigit():
+            self.protected.add(int(engine))
+            try:
+                self.protected |= {os.getpgid(int(engine)), -os.getpgid(int(engine))}
+            except OSError:
+                pass
 
     def inside(self, path: object) -> bool:
         """True for a path under the root (or /dev/null, /dev/shm), and for a file descriptor."""
@@ -110,6 +121,8 @@ class _Guard:
                     self.refuse(f"{event} on {args[i]}")
         elif event == "subprocess.Popen" and not _allowed_program(args):
             self.refuse(f"starting the program {args[1]!r}")
+        elif event in ("os.kill", "os.killpg") and args and args[0] in self.protected:
+            self.refuse(f"sending a signal to process {args[0]} (the grader)")
         elif event in _SPAWN_EVENTS:
             self.refuse(f"starting a program ({event})")
 
