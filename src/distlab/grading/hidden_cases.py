@@ -130,6 +130,26 @@ def _tp_bytes(fn: Any, layout: Any, rank: int, *_: Any) -> CheckResult:
     return CheckResult(results[0].exercise, [c for r in results for c in r.cases], case_heading="layout")
 
 
+def _gating(fn: Any, *_: Any) -> CheckResult:
+    from distlab.moe.exercises import check_top_k_gating
+    return check_top_k_gating(fn, shapes=((20, 5, 2, 6), (7, 7, 1, 1), (10, 2, 2, 10)), seed=13)
+
+
+def _dispatch(fn: Any, *_: Any) -> CheckResult:
+    from distlab.moe.exercises import check_dispatch_combine
+    return check_dispatch_combine(fn, routings=((15, 3, 1, 0.5), (9, 6, 3, 1.25)))
+
+
+def _zero2(fn: Any, *_: Any) -> CheckResult:
+    from distlab.memory.zero.exercises import check_zero2_hook
+    return check_zero2_hook(fn, phases=([[0, 2], [1, 3]], [[1, 2, 3]], [[3, 0]]))
+
+
+def _merge(fn: Any, *_: Any) -> CheckResult:
+    from distlab.context_parallel.exercises import check_merge
+    return check_merge(fn, seed=11)
+
+
 NO_ARGUMENTS = "none: the function takes no arguments, its answer is one number for the lab's setup"
 HIDDEN: dict[str, Hidden] = {
     "check_ring_all_reduce": Hidden("3 ranks on 1, 2, 5, 11 and 29 elements (empty and uneven chunks)",
@@ -143,14 +163,15 @@ HIDDEN: dict[str, Hidden] = {
                                 _one_f_one_b),
     "check_zb_h1_rank": Hidden("(p, m, rank) = (5, 7, 4), (5, 3, 2), (6, 12, 0), (6, 12, 5)", _zb_h1),
     "check_tensor_parallel": Hidden("4 ranks (the lab runs 2 and 3)", _tensor_parallel),
-    "check_top_k_gating": Hidden("none yet (the check's four routings are fixed in distlab.moe.exercises)",
-                                 None),
-    "check_dispatch_combine": Hidden("none yet (the check's routings are fixed in distlab.moe.exercises)",
-                                     None),
+    "check_top_k_gating": Hidden("(T, E, k, capacity) = (20, 5, 2, 6), (7, 7, 1, 1), (10, 2, 2, 10), other "
+                                 "logits (seed 13)", _gating),
+    "check_dispatch_combine": Hidden("(T, E, k, capacity factor) = (15, 3, 1, 0.5), (9, 6, 3, 1.25)",
+                                     _dispatch),
     "check_loss_scale_update": Hidden("two overflows in a row, growth_interval 1, a tracker one short of the "
                                       "interval (factors 3 and 1/8)", _loss_scale),
     "check_sqrt_segments": Hidden("n = 3, 5, 7, 12, 30, 64, 99, 200 layers", _segments),
-    "check_zero2_hook": Hidden("none yet (the check's groups of 1 to 4 ranks are fixed)", None),
+    "check_zero2_hook": Hidden("groups of global ranks not in a row: {0, 2} with {1, 3}, {1, 2, 3}, {3, 0}",
+                               _zero2),
     "check_two_level_ring": Hidden(NO_ARGUMENTS, None),
     "check_ring_bottleneck": Hidden(NO_ARGUMENTS, None),
     "check_coordinates": Hidden("grids (dp, pp, tp) = (2, 2, 3), (4, 1, 1), (1, 1, 1), (3, 2, 2)",
@@ -159,7 +180,7 @@ HIDDEN: dict[str, Hidden] = {
                               _placement),
     "check_dp_term": Hidden("ZeRO 1-3 on dp = 16, 5, 2 and 1, latency 0, other bandwidths", _dp_term),
     "check_steps_lost": Hidden("kill_at, every = (1, 1), (3, 3), (13, 5), (1000, 64), (2, 7)", _steps_lost),
-    "check_merge": Hidden("none yet (the check's three blocks are fixed in distlab.context_parallel)", None),
+    "check_merge": Hidden("the same three blocks with other queries, keys and values (seed 11)", _merge),
     "check_zigzag_chunks": Hidden("p = 5, 6 and 8 (the lab runs 1 to 4)", _zigzag),
     "check_healing_fraction": Hidden("3 other settings: R = 4 and 16 replicas, a fraction clipped at 0, no "
                                      "detection or healing time", _healing),
