@@ -128,6 +128,11 @@ def namespace(exercise: dict) -> dict[str, Any]:
     return {**trusted, **{f: student[f] for f in exercise["functions"]}}
 
 
+def public_result(exercise: dict, call_ns: dict[str, Any]) -> Any:
+    """Step 3: the `CheckResult` of the lab's own check call (the public cases)."""
+    return eval(compile(exercise["call"], "<the lab's check call>", "eval"), call_ns)
+
+
 def hidden_result(exercise: dict, call_ns: dict[str, Any]) -> Any:
     """Step 4: the `CheckResult` of the exercise's hidden cases, or None when it has none."""
     from distlab.grading.hidden_cases import HIDDEN
@@ -141,7 +146,7 @@ def hidden_result(exercise: dict, call_ns: dict[str, Any]) -> Any:
 def run_exercise(exercise: dict, hidden: bool) -> dict:
     """Steps 1-4 of the module docstring for one exercise; the public and hidden results."""
     call_ns = namespace(exercise)
-    out = {"public": _cases(eval(compile(exercise["call"], "<the lab's check call>", "eval"), call_ns))}
+    out = {"public": _cases(public_result(exercise, call_ns))}
     if hidden and out["public"]["verdict"] != "not written":
         result = hidden_result(exercise, call_ns)
         if result is not None:
