@@ -7,6 +7,8 @@ shows the hidden side); the table says which exercises are not written yet.
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 from distlab.cli import main
 from tests.grading.test_grade_class import TUNED_CHUNKS, _plant
@@ -23,3 +25,12 @@ def test_check_runs_the_public_cases_only_and_prints_a_short_table(tmp_path, cap
     assert "2 of 2 exercises pass their public cases" in out
     assert main(["check", str(mylabs), "--lab", "03"]) == 1  # no lab 03 here: not written, no process
     assert "check_may_start  not written: no notebook handed in" in capsys.readouterr().out
+
+
+def test_make_grade_and_make_check_run_the_two_commands():
+    root = Path(__file__).resolve().parents[2]
+    dry = subprocess.run(["make", "-n", "grade", "check", "SUBMISSIONS=class", "GRADES=out", "MYLABS=mine"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout
+    assert "/distlab grade class --out out --timeout 120" in dry and "/distlab check mine" in dry
+    helps = subprocess.run(["make", "help"], cwd=root, capture_output=True, text=True, check=True).stdout
+    assert "make grade" in helps and "submissions/" in helps and "make check" in helps
