@@ -77,6 +77,15 @@ def _loss_scale(fn: Any, *_: Any) -> CheckResult:
     ))
 
 
+def _owners(fn: Any, *_: Any) -> CheckResult:
+    from distlab.memory.muon.exercises import check_owners
+    return check_owners(fn, cases=(
+        ("six uneven shapes on 5 ranks", ((300, 20), (20, 300), (128, 128), (64, 512), (7, 7), (100, 3)), 5),
+        ("two matrices on 1 rank", ((64, 64), (32, 16)), 1),
+        ("3 GPT blocks, width 96, on 4 ranks", ((288, 96), (96, 96), (384, 96), (96, 384)) * 3, 4),
+    ))
+
+
 def _segments(fn: Any, *_: Any) -> CheckResult:
     from distlab.memory.exercises import check_sqrt_segments
     return check_sqrt_segments(fn, sizes=(3, 5, 7, 12, 30, 64, 99, 200))
@@ -170,6 +179,8 @@ HIDDEN: dict[str, Hidden] = {
     "check_loss_scale_update": Hidden("two overflows in a row, growth_interval 1, a tracker one short of the "
                                       "interval (factors 3 and 1/8)", _loss_scale),
     "check_sqrt_segments": Hidden("n = 3, 5, 7, 12, 30, 64, 99, 200 layers", _segments),
+    "check_owners": Hidden("six uneven shapes on 5 ranks, one rank, 3 GPT blocks of width 96 on 4 ranks",
+                           _owners),
     "check_zero2_hook": Hidden("groups of global ranks not in a row: {0, 2} with {1, 3}, {1, 2, 3}, {3, 0}",
                                _zero2),
     "check_two_level_ring": Hidden(NO_ARGUMENTS, None),
