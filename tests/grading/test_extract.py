@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from distlab.grading import extract, guard, registry
+from distlab.grading import engine, extract, guard, registry
 from tests.grading.test_grade_class import _plant
 
 STUDENT_CELL = """
@@ -50,3 +50,12 @@ def test_the_guard_tells_writes_and_programs_apart():
     assert not guard._allowed_program((python, [python, "-S", "-c", "pass"], None, None))
     assert not guard._allowed_program((None, ["/bin/sh", "-c", "touch x"], None, None))
     assert guard._allowed_program((None, ["fc-list", "--format=%{file}"], None, None))
+
+
+def test_the_engine_skips_what_is_not_a_line_of_the_child(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"start": "check_merge"}\nnot json\n{"check": "check_merge", "verdict": "maybe"}\n'
+                       '[1, 2]\n{"check": "check_merge", "verdict": "fail", "message": "m"}\n{"start": ')
+    assert engine.read_lines(results) == [{"start": "check_merge"},
+                                          {"check": "check_merge", "verdict": "fail", "message": "m"}]
+    assert engine.read_lines(tmp_path / "none.jsonl") == []

@@ -33,6 +33,7 @@ from distlab.grading.registry import Exercise
 
 FILE_LIMIT = 64 * 2**20  # bytes any one file of a grading process may reach
 OUTPUT_LIMIT = 100_000  # characters one exercise may print
+VERDICTS = ("pass", "fail", "not written", "timed out", "crashed", "forbidden write")
 START_LIMIT = 120.0  # seconds a child may take to import torch and the course before its first exercise
 
 
@@ -60,6 +61,23 @@ def find_notebook(folder: Path, lab: str) -> Path | None:
         return exact
     others = sorted(p for p in folder.glob(f"{lab[:2]}_*.ipynb") if ".before-reset" not in p.name)
     return others[0] if others else None
+
+
+def read_lines(path: Path) -> list[dict]:
+    """A child's results file so far: {"start": check} or a row per line; anything else (half a line, or
+    what the student's code wrote there) is skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and (isinstance(item.get("start"), str) or isinstance(
+                item.get("check"), str) and item.get("verdict") in VERDICTS):
+            out.append(item)
+    return out
 
 
 def _limits() -> None:  # runs in the child before it executes Python
@@ -95,9 +113,14 @@ class _Child:
         self.marks: dict[int, float] = {}  # line count -> seconds after the start when the engine saw it
 
     def lines(self) -> list[dict]:
-        if not self.results.is_file():
-            return []
-        return [json.loads(line) for line in self.results.read_text().splitlines() if line.endswith("}")]
+        return read_lines(self.results)
+
+    def tail(self) -> str:
+        """The last line the child printed (at most 300 characters of it), for a crash's message."""
+        with (self.results.parent / "output.txt").open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 2000))
+            last = f.read().decode(errors="replace").strip().splitlines()
+        return last[-1][:300] if last else ""
 
     def kill(self) -> None:
         try:
@@ -125,7 +148,9 @@ def _watch(child: _Child, timeout: float) -> tuple[list[dict], dict | None]:
                 return done, None
             code = child.proc.returncode
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            return done, {"check": current, "verdict": "crashed", "message": f"the process ended ({how})"}
+            said = child.tail()
+            message = f"the process ended ({how})" + (f"; its last output: {said}" if said else "")
+            return done, {"check": current, "verdict": "crashed", "message": message}
         since = child.began + _started_at(child, len(lines))  # when the engine saw the last line
         limit = timeout if lines else START_LIMIT
         if time.monotonic() - since > limit:
@@ -175,7 +200,8 @@ def _run_jobs(jobs: list[dict], hidden: bool, timeout: float) -> list[dict]:
         while jobs:
             child = _Child(root, jobs, hidden)
             done, stopped = _watch(child, timeout)
-            out += done
+            names = {j["check"] for j in jobs}
+            out += [x for x in done if x["check"] in names]
             jobs = [j for j in jobs if j["check"] not in {x["check"] for x in done}]
             if stopped is None and jobs:
                 stopped = {"check": "", "verdict": "crashed",

@@ -9,11 +9,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from distlab.grading.engine import Row
+from distlab.grading.engine import VERDICTS, Row
 
-VERDICTS = ("pass", "fail", "not written", "timed out", "crashed", "forbidden write")
-COLOURS = {"pass": "#009E73", "fail": "#D55E00", "not written": "#999999", "timed out": "#E69F00",
-           "crashed": "#CC79A7", "forbidden write": "#000000"}  # Okabe-Ito, as distlab.style
+# each verdict's colour, in VERDICTS' order (Okabe-Ito, as distlab.style)
+COLOURS = dict(zip(VERDICTS, ("#009E73", "#D55E00", "#999999", "#E69F00", "#CC79A7", "#000000"), strict=True))
 FIELDS = ("student", "lab", "exercise", "verdict", "failed", "message", "seconds")
 
 
