@@ -32,7 +32,7 @@ INSTRUCTOR_HTML := _build/instructor/_build/html
 # The student's own copies of the labs (no worked solutions): made once by `make lab`, never overwritten.
 MYLABS ?= mylabs
 .PHONY: help env kernel lab mylabs lab-reset lab-instructor progress test book book-instructor student lint clean \
-	gpu-check
+	gpu-check grade check
 
 help:
 	@echo "make lab    set up .venv (first time only) and open JupyterLab on your own copies of the labs,"
@@ -44,6 +44,9 @@ help:
 	@echo "make book   draw the figures and build the public book (no worked solutions) into _build/html"
 	@echo "make book-instructor  the same book with the worked solutions, into $(INSTRUCTOR_HTML)"
 	@echo "make student  write the student versions of the labs (solutions stubbed) into _build/student"
+	@echo "make grade  grade a class: one folder of notebooks per student in $(SUBMISSIONS)/ (SUBMISSIONS=...),"
+	@echo "            public and hidden cases; report in $(GRADES)/grades.{csv,json,html}"
+	@echo "make check  run the public cases of every lab in $(MYLABS)/, as the grader will (before handing in)"
 	@echo "On a Linux laptop without a GPU: make lab TORCH_INDEX=$(CPU_TORCH_INDEX)  (CPU-only torch)"
 	@echo "make lab-instructor  open JupyterLab on labs/: the full labs, with the worked solutions"
 	@echo "make lint   ruff check src tests labs tools"
@@ -140,6 +143,17 @@ book-instructor: $(STAMP)
 # and without what a run leaves behind (outputs, execution metadata, widget state), as nbstripout does.
 student: $(STAMP)
 	$(BIN)/python -m distlab.student labs/[0-9][0-9]_*.ipynb --out _build/student
+
+# Instructors: grade a class (distlab.grading). SUBMISSIONS holds one folder per student with their notebooks;
+# each student's lab runs in a fresh, time-bounded process that may write only inside its temporary folder.
+SUBMISSIONS ?= submissions
+GRADES ?= _build/grades
+GRADE_TIMEOUT ?= 120
+grade: $(STAMP)
+	$(BIN)/distlab grade $(SUBMISSIONS) --out $(GRADES) --timeout $(GRADE_TIMEOUT)
+
+check: $(STAMP)
+	$(BIN)/distlab check $(MYLABS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests labs tools

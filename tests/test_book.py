@@ -125,3 +125,23 @@ def test_public_download_of_a_lab_is_the_student_version(public: Path) -> None:
             f"{copy.name}: the downloadable lab should hold the student's stubs")
         assert all(not c["outputs"] for c in code) and "widgets" not in nb["metadata"], (
             f"{copy.name}: the downloadable lab should have no outputs and no widget state")
+
+
+def test_only_the_instructor_edition_lists_the_hidden_cases(public: Path, instructor: Path) -> None:
+    """The grader's hidden cases (distlab.grading.hidden_cases) are on the instructors' page of the
+    instructor edition and on no page of the public site, as the worked solutions."""
+    import html
+
+    from distlab.grading.hidden_cases import HIDDEN
+
+    # what each exercise's hidden cases cover, as the page shows it (texts Sphinx's smartquotes would change
+    # are left out)
+    covers = [html.escape(h.covers, quote=False) for h in HIDDEN.values()
+              if h.run is not None and not re.search(r"['\"]|--|\.\.\.", h.covers)]
+    assert covers
+    page = (instructor / "book" / "instructors.html").read_text(encoding="utf-8")
+    assert [c for c in covers if c not in page] == [], "the instructor edition lost the hidden cases' table"
+    leaks = [str(f.relative_to(public)) for f in public.rglob("*") if f.is_file()
+             and f.suffix in {".html", ".js", ".txt", ".json", ".md", ".ipynb"}
+             and any(c in f.read_text(encoding="utf-8", errors="replace") for c in covers)]
+    assert not leaks, f"the public site lists the hidden cases in {leaks}"

@@ -10,6 +10,9 @@ variable ``DISTLAB_BOOK_EDITION`` (``make book`` and ``make book-instructor`` se
 - ``instructor``: the labs exactly as they are, solutions included (they stay folded behind the
   ``hide-input`` toggle), and a banner on every page that says so (`INSTRUCTOR_BANNER`).
 
+The instructors' page (``book/instructors.md``) lists what the grader's hidden cases cover in the
+instructor edition only; the public edition says where that list is (`distlab.grading.instructors_page`).
+
 Jupyter Book 1 always loads sphinx-thebe (live code cells through Binder), which this offline book does
 not use: it would add to every page a script that names a CDN, declared twice (a console error), and a
 Binder configuration. The extension unhooks it.
@@ -31,6 +34,7 @@ import plotly
 from sphinx.application import Sphinx
 from sphinx.errors import ConfigError
 
+from distlab.grading import instructors_page
 from distlab.student import BEGIN, student_notebook
 
 EDITIONS = ("public", "instructor")
@@ -38,6 +42,8 @@ EDITIONS = ("public", "instructor")
 # myst-nb drops a cell whose source is empty, outputs and all, so it is not left empty).
 OMITTED = "# The worked solution is in the instructor edition of the book."
 ENV_VAR = "DISTLAB_BOOK_EDITION"
+# The page whose table of hidden cases only the instructor edition shows (distlab.grading.instructors_page).
+INSTRUCTORS_PAGE = "book/instructors"
 # The theme's announcement bar on every page of the instructor edition: it must never pass for the public one.
 INSTRUCTOR_BANNER = ("Instructor edition: these pages contain the worked solution of every exercise. Give "
                      "students the public edition (make book) or their own copies (make lab).")
@@ -73,6 +79,8 @@ def remove_solution_sources(nb: dict) -> int:
 
 
 def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:
+    if docname == INSTRUCTORS_PAGE:
+        source[0] = instructors_page.expand(source[0], _edition(app))
     if _edition(app) == "public" and _is_notebook(app, docname):
         nb = json.loads(source[0])
         if remove_solution_sources(nb):

@@ -2,6 +2,8 @@
 
     distlab doctor [--json]        what this machine has and what the labs will use
     distlab progress [LAB]         which exercises pass, fail or are not written yet
+    distlab check [mylabs/]        run the public cases of every lab in a folder, before handing in
+    distlab grade SUBMISSIONS/     an instructor grades a class: public and hidden cases, a report
     distlab figures OUTDIR         draw the book's static figures
     distlab pipeline --schedule zbv ...   a chapter's command: the same as python -m distlab.pipeline ...
     distlab                        the commands, and every chapter (0 to 12) with its own
@@ -64,6 +66,20 @@ def _figures(args: argparse.Namespace) -> int:
     return status if isinstance(status, int) else 0
 
 
+# The grading tools parse their own options (distlab.grading.grade), as a chapter's command does.
+TOOLS = {"grade": ("grade_main", "an instructor grades a class (one folder of notebooks per student): public "
+                   "and hidden cases, a CSV/JSON/HTML report"),
+         "check": ("check_main", "run the public cases of every lab in a folder of your notebooks, as the "
+                   "grader will, before you hand in")}
+
+
+def _tool(args: argparse.Namespace) -> int:
+    """Hand the rest of the line to `distlab.grading.grade`'s command."""
+    from distlab.grading import grade
+
+    return getattr(grade, TOOLS[args.command][0])(args.rest)
+
+
 def _chapter(args: argparse.Namespace) -> int:
     """Run ``python -m distlab.<command>`` with the rest of the command line."""
     module = importlib.import_module(f"distlab.{args.command}.__main__")
@@ -87,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     figures = sub.add_parser("figures", help="write the book's static figures into OUTDIR")
     figures.add_argument("outdir", metavar="OUTDIR", help="folder for the PNG files (created if missing)")
     figures.set_defaults(func=_figures)
+    for command, (_, what) in TOOLS.items():
+        sub.add_parser(command, help=what, add_help=False).set_defaults(func=_tool)
     for command, chapter, what in CHAPTERS:
         p = sub.add_parser(command, help=f"chapter {chapter}: {what}", add_help=False,
                            description=f"python -m distlab.{command}")
@@ -104,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in {command for command, _, _ in CHAPTERS}:
         # A chapter's command: every later word is its own (argparse would take `--help` for distlab's).
         args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_chapter)
+    elif argv and argv[0] in TOOLS:
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_tool)
     else:
         args = parser.parse_args(argv)
     try:

@@ -89,11 +89,13 @@ def _simulated_case(fn: Callable, mode: str, times: Sequence[float], s: float) -
     return CaseResult(label, not seen, [f"the rule {seen[0]}"] if seen else [])
 
 
-def check_may_start(fn: Callable[[int, Sequence[int], float], bool]) -> CheckResult:
-    """Test `fn(clock, clocks, staleness)` against SSP's rule and explain each difference."""
+def check_may_start(fn: Callable[[int, Sequence[int], float], bool],
+                    rules: Sequence[tuple[int, tuple[int, ...], float, str]] = CASES) -> CheckResult:
+    """Test `fn(clock, clocks, staleness)` against SSP's rule and explain each difference. `rules`:
+    (clock, clocks, staleness, what a wrong answer means), default `CASES` (the grader adds its own)."""
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_may_start(my_may_start), without calling it")
-    cases = [_rule_case(fn, clock, clocks, s, meaning) for clock, clocks, s, meaning in CASES]
+    cases = [_rule_case(fn, clock, clocks, s, meaning) for clock, clocks, s, meaning in rules]
     cases += [_simulated_case(fn, mode, times, s) for mode, times, s in _scenarios()]
     return CheckResult("check_may_start", cases, case_heading="case")

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -20,8 +20,8 @@ from distlab.context_parallel.merge import block_attention
 MergeFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-def _merge_case(fn: MergeFn, label: str, scale: float, masked_b: bool) -> CaseResult:
-    g = torch.Generator().manual_seed(7)
+def _merge_case(fn: MergeFn, label: str, scale: float, masked_b: bool, seed: int = 7) -> CaseResult:
+    g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
     q = q * scale
     ka, kb, va, vb = k[:, :2], k[:, 2:], v[:, :2], v[:, 2:]
@@ -50,18 +50,20 @@ def _merge_case(fn: MergeFn, label: str, scale: float, masked_b: bool) -> CaseRe
     return CaseResult(label, not lines, lines)
 
 
-def check_merge(fn: MergeFn) -> CheckResult:
-    """`fn(out_a, lse_a, out_b, lse_b) -> (out, lse)` against attention over the concatenated blocks."""
-    cases = [_merge_case(fn, "two blocks of ordinary scores", 1.0, False),
-             _merge_case(fn, "large scores (exp would overflow without the max)", 400.0, False),
-             _merge_case(fn, "second block entirely masked (lse = -inf)", 1.0, True)]
+def check_merge(fn: MergeFn, seed: int = 7) -> CheckResult:
+    """`fn(out_a, lse_a, out_b, lse_b) -> (out, lse)` against attention over the concatenated blocks
+    (queries, keys and values drawn from `seed`)."""
+    cases = [_merge_case(fn, "two blocks of ordinary scores", 1.0, False, seed),
+             _merge_case(fn, "large scores (exp would overflow without the max)", 400.0, False, seed),
+             _merge_case(fn, "second block entirely masked (lse = -inf)", 1.0, True, seed)]
     return CheckResult("merge two partial attention results", cases, case_heading="case")
 
 
-def check_zigzag_chunks(fn: Callable[[int, int], tuple[int, ...]]) -> CheckResult:
-    """`fn(rank, p) -> chunk numbers` against the zig-zag layout for p = 1 .. 4."""
+def check_zigzag_chunks(fn: Callable[[int, int], tuple[int, ...]],
+                        world_sizes: Sequence[int] = (1, 2, 3, 4)) -> CheckResult:
+    """`fn(rank, p) -> chunk numbers` against the zig-zag layout for each p of `world_sizes` (1 .. 4)."""
     cases = []
-    for p in (1, 2, 3, 4):
+    for p in world_sizes:
         lines = []
         for r in range(p):
             want = chunk_ids(r, p, "zigzag")

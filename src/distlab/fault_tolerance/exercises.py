@@ -3,7 +3,7 @@ outer step (part 3)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -16,11 +16,12 @@ CASES = ((3600.0, 2.0, 1.0, 10.0, 8, 300.0), (86400.0, 0.5, 0.5, 5.0, 2, 0.0),
          (864.0, 2.0, 1.0, 10.0, 8, 300.0), (100.0, 10.0, 50.0, 100.0, 2, 1000.0))
 
 
-def check_healing_fraction(fn: Callable[..., float]) -> CheckResult:
+def check_healing_fraction(fn: Callable[..., float], settings: Sequence[tuple] = CASES) -> CheckResult:
     """`fn(mtbf, step_s, detect, heal, replicas, replace)` must return the useful fraction
-    1 - (t_d + t + (t_r + t_h) / R) / M, at least 0 (`goodput.healing_goodput`)."""
+    1 - (t_d + t + (t_r + t_h) / R) / M, at least 0 (`goodput.healing_goodput`), for each of `settings`
+    (those six arguments; default `CASES`)."""
     cases = []
-    for args in CASES:
+    for args in settings:
         label = "M={:g} s, t={:g} s, t_d={:g} s, t_h={:g} s, R={}, t_r={:g} s".format(*args)
         want = healing_goodput(*args)["fraction"]
         try:
@@ -77,11 +78,13 @@ def _outer_mistake(got: Tensor, theta: Tensor, thetas: list[Tensor], buffer: Ten
     return "expected theta - lr (Delta + mu b) with Delta = mean_r(theta - theta_r) and b = mu b + Delta"
 
 
-def check_outer_step(fn: Callable[..., tuple[Tensor, Tensor]]) -> CheckResult:
+def check_outer_step(fn: Callable[..., tuple[Tensor, Tensor]],
+                     settings: Sequence[tuple[int, float, float, bool]] = OUTER_CASES) -> CheckResult:
     """`fn(theta, thetas, buffer, lr, mu)` must return DiLoCo's new global parameters and momentum buffer
-    (`outer_step_reference`), in float64 within 1e-12; `buffer` is None in the first round."""
+    (`outer_step_reference`), in float64 within 1e-12; `buffer` is None in the first round. `settings`:
+    (R, lr, mu, whether a buffer exists), default `OUTER_CASES`."""
     cases = []
-    for r, lr, mu, has_buffer in OUTER_CASES:
+    for r, lr, mu, has_buffer in settings:
         gen = torch.Generator().manual_seed(r)
         theta = torch.randn(5, generator=gen, dtype=torch.float64)
         thetas = [theta - 0.1 * torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(r)]

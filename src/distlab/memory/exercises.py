@@ -97,10 +97,12 @@ def _scale_case(fn: Callable[..., tuple[float, int]], case: tuple) -> CaseResult
     return CaseResult(label, True)
 
 
-def check_loss_scale_update(fn: Callable[..., tuple[float, int]]) -> CheckResult:
-    """Run `fn` through the scripted cases beside GradScaler's rule; name the first wrong step and why."""
+def check_loss_scale_update(fn: Callable[..., tuple[float, int]], scripts: Sequence[tuple] = SCALE_CASES
+                            ) -> CheckResult:
+    """Run `fn` through the scripted cases (`scripts`, as in `SCALE_CASES`) beside GradScaler's rule; name
+    the first wrong step and why."""
     return CheckResult(
-        "dynamic loss-scale update", [_scale_case(fn, c) for c in SCALE_CASES], case_heading="case"
+        "dynamic loss-scale update", [_scale_case(fn, c) for c in scripts], case_heading="case"
     )
 
 

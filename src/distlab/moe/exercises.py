@@ -21,7 +21,7 @@ gradients with the reference; it recognises missing gates, missing results and a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -78,11 +78,16 @@ def combine_weights(logits: Tensor, k: int, capacity: int, *, softmax_after_top_
     return torch.zeros(t, e, dtype=torch.float64).scatter_add(1, index, gates)
 
 
-def _gating_cases() -> list[tuple[str, Tensor, int, int]]:
+GATING_SHAPES = ((12, 4, 1, 3), (12, 4, 2, 5), (16, 6, 2, 4), (9, 3, 3, 7))  # (T, E, k, capacity)
+DISPATCH_ROUTINGS = ((12, 4, 1, 1.0), (20, 4, 2, 0.75))  # (T, E, k, capacity factor)
+
+
+def _gating_cases(shapes: Sequence[tuple[int, int, int, int]] = GATING_SHAPES, seed: int = 6
+                  ) -> list[tuple[str, Tensor, int, int]]:
     """(label, logits, k, capacity): skewed logits, so that some experts overflow."""
-    g = torch.Generator().manual_seed(6)
+    g = torch.Generator().manual_seed(seed)
     cases = []
-    for t, e, k, c in ((12, 4, 1, 3), (12, 4, 2, 5), (16, 6, 2, 4), (9, 3, 3, 7)):
+    for t, e, k, c in shapes:
         logits = torch.randn(t, e, generator=g, dtype=torch.float64) + torch.linspace(1.5, 0, e).double()
         cases.append((f"T={t}, E={e}, k={k}, capacity={c}", logits, k, c))
     return cases
@@ -132,13 +137,16 @@ def _diagnose_gating(got: Any, logits: Tensor, k: int, c: int) -> list[str]:
             "distlab.moe.exercises.combine_weights(logits, k, capacity))"]
 
 
-def check_top_k_gating(fn: Callable[[Tensor, int, int], Tensor]) -> CheckResult:
-    """Run `fn(logits, k, capacity) -> (T, E) combine weights` on four cases and explain what is wrong."""
+def check_top_k_gating(fn: Callable[[Tensor, int, int], Tensor],
+                       shapes: Sequence[tuple[int, int, int, int]] = GATING_SHAPES,
+                       seed: int = 6) -> CheckResult:
+    """Run `fn(logits, k, capacity) -> (T, E) combine weights` on each (T, E, k, capacity) of `shapes`
+    (random skewed logits from `seed`) and explain what is wrong."""
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_top_k_gating(my_top_k_gating)")
     results = []
-    for label, logits, k, c in _gating_cases():
+    for label, logits, k, c in _gating_cases(shapes, seed):
         try:
             lines = _diagnose_gating(fn(logits.clone(), k, c), logits, k, c)
         except Exception as err:  # a student's bug is a result, not a crash of the check
@@ -194,13 +202,16 @@ def _diagnose_combine(got: Any, x: Tensor, combine: Tensor, experts: list[_Count
     return problems
 
 
-def check_dispatch_combine(fn: Callable[[Tensor, Tensor, list[nn.Module]], Tensor]) -> CheckResult:
-    """Run `fn(x, combine, experts) -> y` on routings with dropped tokens and explain what is wrong."""
+def check_dispatch_combine(fn: Callable[[Tensor, Tensor, list[nn.Module]], Tensor],
+                           routings: Sequence[tuple[int, int, int, float]] = DISPATCH_ROUTINGS
+                           ) -> CheckResult:
+    """Run `fn(x, combine, experts) -> y` on routings with dropped tokens (each (T, E, k, capacity factor)
+    of `routings`) and explain what is wrong."""
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_dispatch_combine(my_dispatch_combine)")
     results = []
-    for t, e, k, factor in ((12, 4, 1, 1.0), (20, 4, 2, 0.75)):
+    for t, e, k, factor in routings:
         torch.manual_seed(t)
         experts = [_CountingExpert(ExpertFFN(6, 12).double()) for _ in range(e)]
         x = torch.randn(t, 6, dtype=torch.float64)

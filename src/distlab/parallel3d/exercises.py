@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import permutations
 
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
@@ -46,11 +46,12 @@ def _diagnose_coords(got: object, want: dict[str, int], rank: int, sizes: dict[s
             f"expected {want}{hint}"]
 
 
-def check_coordinates(fn: Callable[[int, int, int, int], tuple[dict[str, int], dict[str, list[int]]]]
-                      ) -> CheckResult:
-    """Exercise (a): coordinates and peers of every rank on several grids (see the module docstring)."""
+def check_coordinates(fn: Callable[[int, int, int, int], tuple[dict[str, int], dict[str, list[int]]]],
+                      grids: Sequence[tuple[int, int, int]] = GRIDS) -> CheckResult:
+    """Exercise (a): coordinates and peers of every rank on several (dp, pp, tp) `grids` (see the module
+    docstring)."""
     cases = []
-    for dp, pp, tp in GRIDS:
+    for dp, pp, tp in grids:
         sizes = {"dp": dp, "pp": pp, "tp": tp}
         lines: list[str] = []
         for rank in range(dp * pp * tp):
@@ -83,10 +84,12 @@ PLACEMENT_CASES = (("DGX A100", 2, EXAMPLE_PLAN),
                    ("DGX A100", 4, Plan3D(dp=2, pp=4, tp=4, m=8, zero_stage=1)))
 
 
-def check_placement(fn: Callable[[Cluster, Plan3D], tuple[str, ...]]) -> CheckResult:
-    """Exercise (b): per cluster and plan, an axis order that keeps tp in a server and is (nearly) fastest."""
+def check_placement(fn: Callable[[Cluster, Plan3D], tuple[str, ...]],
+                    settings: Sequence[tuple[str, int, Plan3D]] = PLACEMENT_CASES) -> CheckResult:
+    """Exercise (b): per cluster and plan (`settings`: server, nodes, plan), an axis order that keeps tp in a
+    server and is (nearly) fastest."""
     cases = []
-    for server, nodes, plan in PLACEMENT_CASES:
+    for server, nodes, plan in settings:
         cluster = Cluster(server, nodes)
         label = f"{nodes} x {server}, {plan.label()}"
         try:

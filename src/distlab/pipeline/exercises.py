@@ -157,10 +157,12 @@ def _real_cases(fn: Callable[[int, int], Any]) -> list[CaseResult]:
     return cases
 
 
-def check_one_f_one_b(fn: Callable[[int, int], Any], run: bool = True) -> CheckResult:
+def check_one_f_one_b(fn: Callable[[int, int], Any], run: bool = True,
+                      shapes: Sequence[tuple[int, int]] = CASES) -> CheckResult:
     """Check a student's 1F1B compute order `fn(p, m)` (Narayanan et al. 2019, sec. 3.2; 2021, sec.
-    2.2.1); return the report (truthy when every case passed; a table in a notebook)."""
-    cases = [_paper_case(fn, p, m) for p, m in CASES]
+    2.2.1) on each (p, m) of `shapes`; return the report (truthy when every case passed; a table in a
+    notebook). `run`: also train on real ranks once the orders are right."""
+    cases = [_paper_case(fn, p, m) for p, m in shapes]
     if run and all(c.passed for c in cases):
         cases += _real_cases(fn)
     return CheckResult(EXERCISE, cases, case_heading="case")
@@ -264,8 +266,10 @@ def _zb_bubble(label: str, mine: list[Action], orders: list[list[Action]], refer
                                     f"= ZB-H1's{note}"])
 
 
-def check_zb_h1_rank(fn: Callable[[int, int, int], Any]) -> CheckResult:
+def check_zb_h1_rank(fn: Callable[[int, int, int], Any],
+                     shapes: Sequence[tuple[int, int, int]] = ZB_CASES) -> CheckResult:
     """Check a student's ZB-H1 order of one rank, `fn(p, m, r)` -> [(op, microbatch), ...] with ops F, B
     and W (Qi et al. 2023), with the reference order on the other ranks: each pass once, no W before
-    its B, no deadlock, at most min(p, m) microbatches held, and ZB-H1's bubble in the simulator."""
-    return CheckResult(ZB_EXERCISE, [_zb_case(fn, p, m, r) for p, m, r in ZB_CASES], case_heading="case")
+    its B, no deadlock, at most min(p, m) microbatches held, and ZB-H1's bubble in the simulator, on each
+    (p, m, rank) of `shapes`."""
+    return CheckResult(ZB_EXERCISE, [_zb_case(fn, p, m, r) for p, m, r in shapes], case_heading="case")

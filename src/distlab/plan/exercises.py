@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from distlab.checks import NOT_WRITTEN, CaseResult, CheckResult, is_stub
 from distlab.collectives.cost_model import MachineParams
@@ -16,12 +16,14 @@ DP_CASES = ((4e9, 8, 0, 16, 5e-6, 25.0), (4e9, 8, 1, 16, 5e-6, 25.0), (4e9, 8, 2
             (2e9, 1, 0, 8, 5e-6, 25.0))
 
 
-def check_dp_term(fn: Callable[[float, int, int, int, float, float], float]) -> CheckResult:
+def check_dp_term(fn: Callable[[float, int, int, int, float, float], float],
+                  settings: Sequence[tuple[float, int, int, int, float, float]] = DP_CASES) -> CheckResult:
     """`fn(grad_bytes, dp, zero, m, alpha, GBps)` must give the seconds `cost_model.dp_time` gives: chapter
     1's ring all-reduce for ZeRO 0 and 1, m reduce-scatters and one all-gather for ZeRO 2, m reduce-scatters
-    and 2 m all-gathers for ZeRO 3, nothing for dp = 1 (relative tolerance 1e-9)."""
+    and 2 m all-gathers for ZeRO 3, nothing for dp = 1 (relative tolerance 1e-9), for each of `settings`
+    (default `DP_CASES`)."""
     cases = []
-    for grad, dp, zero, m, alpha, gbps in DP_CASES:
+    for grad, dp, zero, m, alpha, gbps in settings:
         want = dp_time(Candidate(dp, 1, 1, 1, zero, "none", 1), grad, m, MachineParams(alpha, 1e-9 / gbps))
         try:
             got = float(fn(grad, dp, zero, m, alpha, gbps))

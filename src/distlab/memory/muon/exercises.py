@@ -61,6 +61,8 @@ def _owner_case(fn: Callable[[Shapes, int], Sequence[int]], case: tuple) -> Case
     return CaseResult(label, False, _diagnose(shapes, world, owners, worst, best))
 
 
-def check_owners(fn: Callable[[Shapes, int], Sequence[int]]) -> CheckResult:
-    """Run `fn(shapes, world)` on each case; pass when its largest load is at most the greedy rule's."""
-    return CheckResult("Newton-Schulz owners", [_owner_case(fn, c) for c in OWNER_CASES], case_heading="case")
+def check_owners(fn: Callable[[Shapes, int], Sequence[int]],
+                 cases: Sequence[tuple[str, tuple[tuple[int, int], ...], int]] = OWNER_CASES) -> CheckResult:
+    """Run `fn(shapes, world)` on each (label, shapes, world) of `cases`; pass when its largest load is at
+    most the greedy rule's."""
+    return CheckResult("Newton-Schulz owners", [_owner_case(fn, c) for c in cases], case_heading="case")

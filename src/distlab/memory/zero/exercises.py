@@ -16,7 +16,7 @@ are seen by `distlab.comm_log`, however the student makes them).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -108,11 +108,12 @@ def _run_case(fn: Callable[[Tensor, dist.ProcessGroup | None], Tensor], group: d
     return lines
 
 
-def _all_cases(fns: list[Callable[[Tensor, dist.ProcessGroup | None], Tensor]]) -> list[dict[str, list[str]]]:
+def _all_cases(fns: list[Callable[[Tensor, dist.ProcessGroup | None], Tensor]],
+               phases: Sequence[Sequence[list[int]]] = PHASES) -> list[dict[str, list[str]]]:
     """Inside each of 4 ranks: every phase's groups, in one order on every rank (new_group is collective
     over the world); for each fn, {case label: this rank's lines} for the cases this rank took part in."""
     me = dist.get_rank()
-    groups = [[(ranks, dist.new_group(ranks)) for ranks in phase] for phase in PHASES]
+    groups = [[(ranks, dist.new_group(ranks)) for ranks in phase] for phase in phases]
     out: list[dict[str, list[str]]] = [{} for _ in fns]
     for k, fn in enumerate(fns):
         for phase in groups:
@@ -134,10 +135,11 @@ def _report(per_rank: list[dict[str, list[str]]]) -> CheckResult:
 
 
 def check_zero2_hooks(fns: list[Callable[[Tensor, dist.ProcessGroup | None], Tensor]],
-                      timeout: float = 30.0) -> list[CheckResult]:
+                      timeout: float = 30.0, phases: Sequence[Sequence[list[int]]] = PHASES
+                      ) -> list[CheckResult]:
     """`check_zero2_hook` for several attempts at once, in one start of the ranks."""
     try:
-        per_rank = launch.run(_all_cases, 4, list(fns), timeout=timeout)
+        per_rank = launch.run(_all_cases, 4, list(fns), phases, timeout=timeout)
     except launch.RankError as e:
         if is_stub(e):
             stub = CaseResult("4 ranks", False, [NOT_WRITTEN])
@@ -150,6 +152,7 @@ def check_zero2_hooks(fns: list[Callable[[Tensor, dist.ProcessGroup | None], Ten
 
 
 def check_zero2_hook(fn: Callable[[Tensor, dist.ProcessGroup | None], Tensor],
-                     timeout: float = 30.0) -> CheckResult:
-    """Run the student's ZeRO-2 gradient step on groups of 1-4 ranks and explain what is wrong."""
-    return check_zero2_hooks([fn], timeout)[0]
+                     timeout: float = 30.0, phases: Sequence[Sequence[list[int]]] = PHASES) -> CheckResult:
+    """Run the student's ZeRO-2 gradient step on groups of 1-4 ranks and explain what is wrong. `phases`:
+    the groups (global ranks of 4) that run at the same time, phase after phase (default `PHASES`)."""
+    return check_zero2_hooks([fn], timeout, phases)[0]
