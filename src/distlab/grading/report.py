@@ -59,13 +59,20 @@ def html_summary(rows: Sequence[Row]) -> str:
                       for v, c in COLOURS.items())
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>distlab grades</title><style>"
             "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:1em 0}"
-            "td,th{border:1px solid #ccc;padding:.2em .4em;font-size:90%}"
+            "td,th{border:1px solid #ccc;padding:.2em .4em;font-size:90%;white-space:nowrap}"
             "td[title]{color:#fff;text-align:center}</style></head><body>"
             f"<h1>distlab grades</h1><p>{len(students)} students, {len(exercises)} exercises. {legend} "
             "(public / hidden: which kind of case failed; hover a cell for the check's message)</p>"
             f"<table><tr><th>student</th><th>pass</th>{head}</tr>{''.join(body)}</table>"
-            "<h2>What went wrong</h2><table><tr><th>student</th><th>lab</th><th>exercise</th><th>verdict</th>"
-            f"<th>cases</th><th>message</th></tr>{details}</table></body></html>\n")
+            f"<h2>What went wrong</h2>{_details_table(details)}</body></html>\n")
+
+
+def _details_table(details: str) -> str:
+    """The table of rows that did not pass, or a sentence when there are none."""
+    if not details:
+        return "<p>Nothing: every exercise handed in passed (the others were not written).</p>"
+    return ("<table><tr><th>student</th><th>lab</th><th>exercise</th><th>verdict</th><th>cases</th>"
+            f"<th>message</th></tr>{details}</table>")
 
 
 def write(rows: Sequence[Row], out: Path) -> list[Path]:
