@@ -1,0 +1,92 @@
+"""The figures of chapter 13, drawn from traces and reports the package computes.
+
+- `trace_figure`: one profiled step of every rank, a row per rank and thread, computation and
+  communication as bars (what Perfetto shows of the merged trace, in matplotlib);
+- `overlap_figure`: per variant and rank, communication split into hidden and exposed, beside computation;
+- `straggler_figure`: per rank, work and wait per step, and the outlier threshold;
+- `memory_figure`: allocated memory over one training step, with the estimator's predicted peak and phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from distlab.observe.trace import Span
+from distlab.style import COMMUNICATION, COMPUTE, GREY, VERMILION, styled
+
+COLOURS = {"compute": COMPUTE, "comm": COMMUNICATION}
+
+
+@styled
+def trace_figure(by_rank: Mapping[int, Sequence[Span]], title: str, step: int = 0) -> Figure:
+    """Step `step` of each rank (its `distlab:step` window), a row per rank and thread; times in ms from
+    the earliest start of that step on any rank."""
+    windows = {r: sorted((s.start, s.end) for s in sp if s.kind == "step") for r, sp in by_rank.items()}
+    if any(len(w) <= step for w in windows.values()):
+        raise ValueError(f"step={step}: every rank's trace must hold at least {step + 1} step range(s)")
+    t0 = min(w[step][0] for w in windows.values())
+    rows = [(r, row) for r, sp in sorted(by_rank.items())
+            for row in sorted({s.row for s in sp if s.kind != "step"})]
+    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.38 * len(rows)))
+    for y, (r, row) in enumerate(reversed(rows)):
+        a, b = windows[r][step]
+        for kind, colour in COLOURS.items():
+            bars = [(max(s.start, a) - t0, min(s.end, b) - max(s.start, a)) for s in by_rank[r]
+                    if s.row == row and s.kind == kind and s.end > a and s.start < b]
+            ax.broken_barh([(x * 1e3, w * 1e3) for x, w in bars], (y + 0.1, 0.8), color=colour)
+        ax.plot([(b - t0) * 1e3], [y + 0.5], marker="|", color="black", markersize=10)
+    ax.set_yticks([y + 0.5 for y in range(len(rows))], [f"rank {r} {row}" for r, row in reversed(rows)])
+    ax.set_xlabel("ms from the step's start (| marks the rank's end of step); blue computation, orange "
+                  "communication")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+@styled
+def overlap_figure(rows: Sequence, title: str = "Communication hidden and exposed, from the traces"
+                   ) -> Figure:
+    """Horizontal bars per (variant, rank) of `measured.OverlapRow`s: computation, hidden and exposed
+    communication, idle (ms per step)."""
+    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.32 * len(rows)))
+    labels = []
+    for y, row in enumerate(reversed(rows)):
+        o, n = row.trace, row.steps
+        parts = [(o.compute - o.hidden, COMPUTE, "computation only"),
+                 (o.hidden, GREY, "hidden communication"), (o.exposed, VERMILION, "exposed communication"),
+                 (o.idle, "white", "idle")]
+        left = 0.0
+        for value, colour, name in parts:
+            ax.barh(y, value / n * 1e3, left=left, color=colour, edgecolor="black", linewidth=0.3,
+                    label=name if y == 0 else None)
+            left += value / n * 1e3
+        labels.append(f"{row.label}, rank {o.rank}: {o.hidden_fraction:.0%} hidden")
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set_xlabel("ms per step")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(rows) < 6 else -0.2), ncol=4, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@styled
+def straggler_figure(report, title: str = "Work and wait per step, by rank") -> Figure:
+    """Per rank, the median work and wait seconds per step of a `straggler.StragglerReport`, stacked, and
+    the outlier threshold on work."""
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    ranks = range(len(report.work))
+    ax.bar(ranks, [w * 1e3 for w in report.work], color=COMPUTE, label="work")
+    ax.bar(ranks, [w * 1e3 for w in report.wait], bottom=[w * 1e3 for w in report.work], color=COMMUNICATION,
+           label="wait in the all-reduce")
+    ax.axhline(report.threshold * 1e3, color=VERMILION, ls="--", lw=1, label="threshold: median + k x MAD")
+    ax.set_xticks(list(ranks), [f"rank {r}" + (" (straggler)" if r in report.stragglers else "")
+                                for r in ranks])
+    ax.set_ylabel("ms per step")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
