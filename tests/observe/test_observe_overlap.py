@@ -28,7 +28,8 @@ def _span(kind: str, a: float, b: float, row: str = "main") -> Span:
 
 def test_hidden_exposed_and_idle_on_a_synthetic_step() -> None:
     # step [0, 10): compute [0, 6) and [7, 8); communication [4, 9) on a worker thread
-    s = [_span("step", 0, 10), _span("compute", 0, 6), _span("compute", 7, 8), _span("comm", 4, 9, "thread 1")]
+    s = [_span("step", 0, 10), _span("compute", 0, 6), _span("compute", 7, 8),
+         _span("comm", 4, 9, "thread 1")]
     o = overlap(s)
     assert (o.window, o.compute, o.comm, o.hidden, o.exposed, o.idle) == (10, 7, 5, 3, 2, 1)
     assert o.hidden_fraction == pytest.approx(0.6) and o.comm_spans == 1

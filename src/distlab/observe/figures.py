@@ -90,3 +90,26 @@ def straggler_figure(report, title: str = "Work and wait per step, by rank") -> 
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+@styled
+def memory_figure(curve, predicted_bytes: int, predicted_phase: str,
+                  title: str = "Live memory over one training step") -> Figure:
+    """An `allocations.MemoryCurve` as a step line, the phases shaded, the predicted peak as a line."""
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    shades = {"forward": COMPUTE, "backward": COMMUNICATION, "optimizer": GREY}
+    for phase, (a, b) in curve.phases.items():
+        ax.axvspan(a * 1e3, b * 1e3, color=shades.get(phase, GREY), alpha=0.12)
+        ax.text((a + b) / 2 * 1e3, 0.02, phase, transform=ax.get_xaxis_transform(), ha="center", fontsize=7)
+    ax.step([t * 1e3 for t in curve.times], [v / 2**20 for v in curve.live], where="post", color="black",
+            lw=1, label="measured (profiler memory events)")
+    ax.axhline(predicted_bytes / 2**20, color=VERMILION, ls="--", lw=1,
+               label=f"chapter 7's predicted peak ({predicted_phase})")
+    ax.plot([curve.peak_time * 1e3], [curve.peak_bytes / 2**20], "o", color=VERMILION, ms=4,
+            label=f"measured peak ({curve.peak_phase})")
+    ax.set_xlabel("ms from the start of the step")
+    ax.set_ylabel("live MiB")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
