@@ -4,15 +4,16 @@
 (`profiled.profile_data_parallel`), reads every rank's trace (`trace.spans`), computes its breakdown
 (`overlap.overlap`), merges the ranks' traces into one file per variant (`trace.merge_files`), and
 returns one `OverlapRow` per variant and rank. `checks` states what must hold between the trace and the
-chapter's own measurements, with tolerances (a CPU shared by several ranks, timed by two clocks):
+chapter's own measurements of the same steps:
 
 - the same number of all-reduces in the trace, in `comm_log` and in chapter 2's `StepTimeline` (exact);
-- the hidden fraction of the trace within `HIDDEN_TOL` of the timeline's (the timeline times each
-  all-reduce from its launch, the trace from when a gloo worker takes it, so the trace's communication
-  is the shorter);
-- for the overlapped strategy, exposed communication within `EXPOSED_TOL` (relative) of the timeline's
-  wait after backward. (For the blocking strategies the timeline's wait also holds the Python between
-  the all-reduces, which the trace calls idle, so only trace exposed <= timeline wait is claimed.)
+- the trace's communication lies inside the timeline's: the timeline times each all-reduce from its
+  launch to the callback that notes its end, the trace from when a gloo worker takes it to its end, so
+  trace <= timeline, within `SLACK` (the two clocks' granularity and the callback's delay);
+- hidden: the timeline calls an all-reduce hidden while it is in flight during backward, the trace only
+  while an operator runs beside it, so the trace's hidden fraction is at most the timeline's (+ `SLACK`).
+  On a shared CPU the gap is the time the rank's main thread ran no operator (Python between operators,
+  or waiting for a core); on a GPU the two come closer.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from distlab.observe.profiled import profile_data_parallel
 from distlab.observe.trace import Span, merge_files, spans
 
 VARIANTS = (("per_parameter", 1), ("bucketed", 1), ("overlapped", 1), ("overlapped", 4))
-HIDDEN_TOL = 0.15  # absolute, on the hidden fraction
-EXPOSED_TOL = 0.25  # relative, on exposed communication of the overlapped strategy
+SLACK = 0.05  # relative slack (and on the hidden fraction, absolute) of the inequalities of `checks`
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,9 @@ def measure_overlap(out_dir: str | Path, world_size: int = 2, steps: int = 2,
 
 def checks(row: OverlapRow) -> dict[str, bool]:
     """What must hold for one row (see the module docstring), by name."""
-    out = {"counts": row.trace.comm_spans == row.comm_log_calls == row.timeline_calls,
-           "hidden": abs(row.trace.hidden_fraction - row.timeline_hidden_fraction) <= HIDDEN_TOL}
-    if row.strategy == "overlapped":
-        out["exposed"] = abs(row.trace.exposed - row.timeline_exposed) <= \
-            EXPOSED_TOL * max(row.trace.exposed, row.timeline_exposed)
-    else:
-        out["exposed"] = row.trace.exposed <= row.timeline_exposed * (1 + EXPOSED_TOL)
-    return out
+    return {"counts": row.trace.comm_spans == row.comm_log_calls == row.timeline_calls,
+            "inside": row.trace.comm <= row.timeline_comm * (1 + SLACK) + 1e-3 * row.steps,
+            "hidden": row.trace.hidden_fraction <= row.timeline_hidden_fraction + SLACK}
 
 
 def fit_alpha_beta(sizes: Sequence[int], seconds: Sequence[float], p: int) -> MachineParams:

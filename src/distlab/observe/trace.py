@@ -4,11 +4,11 @@
 and a duration `dur` in microseconds, on a `pid` and a `tid`; PyTorch profiler documentation, "Use
 profiler to analyze execution time" and "Using tracing functionality"). What each kind of work looks like:
 
-- computation on a CPU rank: the operators (`cat` "cpu_op") on the rank's main thread (not `c10d::` ones, nor
-  the `PythonDispatchMode` range of a dispatch mode such as `comm_log`, which wraps a blocking collective
-  and its wait), where the forward,
-  autograd's backward and the optimizer run; on a GPU rank: the kernels (`cat` "kernel") that are not
-  NCCL's;
+- computation on a CPU rank: the operators (`cat` "cpu_op") on the rank's main thread, where the forward,
+  autograd's backward and the optimizer run, except those that hold a collective: a blocking collective
+  waits inside its caller's range (autograd's `evaluate_function` node around a backward that
+  all-gathers, a dispatch mode's `PythonDispatchMode`), and waiting is not computing. `c10d::` operators
+  only enqueue work. On a GPU rank: the kernels (`cat` "kernel") that are not NCCL's;
 - communication on gloo: a `gloo:all_reduce` (`gloo:broadcast`, ...) range on one of the group's worker
   threads, from the moment the worker takes the work to its end; the `c10d::allreduce_` operator on the
   main thread only enqueues it. On NCCL: the `ncclDevKernel_...` kernels on the communication stream.
@@ -58,6 +58,22 @@ def _main_thread(events: Sequence[Mapping[str, Any]]) -> Any:
     return ops.most_common(1)[0][0]
 
 
+def _holders(events: Sequence[Mapping[str, Any]], main: Any) -> set[int]:
+    """The ids of the main thread's operators that hold a collective (a `c10d::` operator) inside them:
+    a blocking collective waits inside them, so they are not computation (their other operators are)."""
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("tid") == main),
+                 key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    stack: list[Mapping[str, Any]] = []
+    holders: set[int] = set()
+    for e in ops:
+        while stack and float(stack[-1]["ts"]) + float(stack[-1]["dur"]) <= float(e["ts"]):
+            stack.pop()
+        if str(e.get("name", "")).startswith("c10d::"):
+            holders.update(id(outer) for outer in stack)
+        stack.append(e)
+    return holders
+
+
 def _kind(e: Mapping[str, Any], main: Any, gpu: bool) -> str | None:
     name, cat = str(e.get("name", "")), e.get("cat")
     if name == STEP_LABEL and e.get("tid") == main:
@@ -81,11 +97,12 @@ def spans(trace: Mapping[str, Any], rank: int) -> list[Span]:
         raise ValueError("the trace has no complete ('X') events; pass a torch.profiler Chrome trace")
     main = _main_thread(events)
     gpu = any(e.get("cat") == "kernel" for e in events)
+    holders = set() if gpu else _holders(events, main)
     names: dict[Any, str] = {}
     out = []
     for e in events:
         kind = _kind(e, main, gpu)
-        if kind is None:
+        if kind is None or (kind == "compute" and id(e) in holders):
             continue
         tid = e.get("tid")
         if tid not in names:
