@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from distlab.observe.profiled import quiet_native_stderr
+
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -124,10 +126,14 @@ def step_curve(model: torch.nn.Module, optimizer: torch.optim.Optimizer, idx: to
     if cuda and snapshot_to is not None:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts, profile_memory=True) as prof:
-        step(True)
-        if cuda:
-            torch.cuda.synchronize(idx.device)
+    prof = profile(activities=acts, profile_memory=True)
+    with quiet_native_stderr():
+        prof.start()
+    step(True)
+    if cuda:
+        torch.cuda.synchronize(idx.device)
+    with quiet_native_stderr():
+        prof.stop()
     if cuda and snapshot_to is not None:
         Path(snapshot_to).write_bytes(pickle.dumps(torch.cuda.memory._snapshot()))
         torch.cuda.memory._record_memory_history(enabled=None)

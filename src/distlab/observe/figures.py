@@ -113,3 +113,33 @@ def memory_figure(curve, predicted_bytes: int, predicted_phase: str,
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def book_trace_figure() -> Figure:
+    """One traced step of chapter 2's overlapped strategy on 2 CPU ranks (gloo), measured when the book is
+    built: a row per rank and thread."""
+    import json
+    import tempfile
+
+    from distlab.observe.measured import measure_overlap
+    from distlab.observe.trace import split
+
+    with tempfile.TemporaryDirectory() as d:
+        _, merged = measure_overlap(d, world_size=2, steps=1, variants=[("overlapped", 1)])
+        by_rank = split(json.loads(merged[0].read_text()))
+    return trace_figure(by_rank, "One step of overlapped data parallelism, 2 CPU ranks (gloo), from the "
+                                 "merged trace")
+
+
+def book_memory_figure() -> Figure:
+    """Live memory over one step of the course's GPT (2 layers, width 64, batch 8 x 32 tokens, fp32 Adam)
+    on the CPU, beside chapter 7's predicted peak."""
+    from distlab.memory import MemoryConfig, predict_peak
+    from distlab.observe.allocations import gpt_step_curve
+
+    config = MemoryConfig(layers=2, hidden=64, heads=4, vocab=256, seq=32, micro_batch=8, precision="fp32",
+                          recompute="none", attention="flash", dropout=False, adam="for-loop", device="cpu")
+    predicted = predict_peak(config)
+    curve = gpt_step_curve(layers=2, hidden=64, heads=4, vocab=256, batch=8, seq=32)
+    return memory_figure(curve, predicted.peak_bytes, predicted.phase,
+                         "One training step of the GPT (2 layers, width 64, batch 8 x 32), fp32 Adam, CPU")
