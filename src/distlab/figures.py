@@ -29,6 +29,7 @@ from distlab.fault_tolerance import figures as fault_tolerance
 from distlab.hardware import figures as hardware
 from distlab.memory import figures as memory
 from distlab.memory.fp8 import figures as fp8_figures
+from distlab.memory.muon import figures as muon_figures
 from distlab.moe import figures as moe
 from distlab.moe import scale_figures as moe_scale
 from distlab.observe import figures as observe
@@ -123,6 +124,8 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "the dynamic loss scale of a forced-overflow fp16 run, skipped steps marked"),
     BookFigure("memory-fp16-underflow.png", memory.underflow_figure,
                "histogram of a small GPT's gradients against fp16's range, at scale 1 and 2^16"),
+    BookFigure("memory-muon-layouts.png", muon_figures.layouts_figure,
+               "distributed Muon: predicted step of gather-to-owner over all-to-all, by width and ranks"),
     # Chapter 8: the hardware underneath
     BookFigure("hw-bandwidth-generations.png", hardware.bandwidth_generations_figure,
                "per-direction GB/s of PCIe, NVLink and InfiniBand generations, from the catalog"),
@@ -151,6 +154,8 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
     # Chapter 6 at scale
     BookFigure("moe-dispatch-cost.png", moe_scale.dispatch_cost_figure,
                "predicted flat / hierarchical dispatch time vs servers, k = 1-8, M = 4, DGX A100 and H100"),
+    BookFigure("moe-published-runs.png", moe_scale.published_runs_figure,
+               "published MoE runs: layout, batch, reported throughput, experts per rank, parameter counts"),
     BookFigure("cp-ulysses-vs-ring.png", context_parallel.ulysses_vs_ring_figure,
                "bytes per rank and predicted time per layer vs cp: ring, Ulysses and the hybrid, DGX H100"),
     BookFigure("pipeline-dualpipev.png", dualpipe_v.dualpipev_figure,

@@ -18,6 +18,12 @@ One idea per file:
   and an intra-node step) and its `hierarchical_parity`, `aux_free` (the per-expert selection bias of
   Wang et al. 2024), `dispatch_cost` (when hierarchical dispatch pays on chapter 8's clusters) and
   `scale_figures`.
+- Expert layouts: `folding` (parallel folding, Liu et al. 2025: attention on tp x dp and experts on ep x
+  edp over the same ranks, two DeviceMeshes unflattened from one), `folded_block` (a block with
+  tensor-parallel attention and expert-parallel experts, its single-process reference, and the gradient
+  reduction over dp, tp and edp), `folding_parity` (its parity with one process, run on every rank),
+  `published_runs` (published MoE runs as data, each row with its source) and `published_counts` (their
+  parameters, experts per rank and where each expert-parallel group lies).
 - `exercises`: the checks of the lab's exercises. `python -m distlab.moe` runs the parity check and
   reports the all-to-all traffic, on this machine or under torchrun.
 """

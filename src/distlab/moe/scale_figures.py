@@ -1,5 +1,6 @@
 """Pictures of chapter 6's sections at scale, drawn from the code they illustrate (`dispatch_cost.py`,
-`aux_free.py`, `load_balance.py`), in `distlab.style`'s colours; each closes its figure (`style.done`)."""
+`aux_free.py`, `load_balance.py`, `published_counts.py`), in `distlab.style`'s colours; each closes its
+figure (`style.done`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from matplotlib.figure import Figure
 from distlab.moe.dispatch_cost import dispatch_time
 from distlab.moe.figures import training_runs_figure
 from distlab.moe.load_balance import BalanceHistory
+from distlab.moe.published_counts import TABLE_HEADER, table_rows
 from distlab.style import BLUE, GREEN, GREY, LINES, RC, VERMILION, done
 
 
@@ -47,3 +49,31 @@ def balancing_comparison_figure(runs: dict[str, BalanceHistory]) -> Figure:
     return training_runs_figure([(name, colour, hist) for colour, (name, hist)
                                  in zip(colours, runs.items(), strict=False)], "task_loss",
                                 "task loss (MSE)", "Task loss, without any auxiliary term", log=True)
+
+
+def published_runs_figure() -> Figure:
+    """The published MoE runs as a table drawn from `published_runs` (`published_counts.table_rows`):
+    GPUs, layout, batch, the throughput each reports, experts per rank, where the ep group lies, and the
+    parameters counted from each shape; "-" where the source gives nothing."""
+    rows = table_rows()
+    cells = [row[:-1] for row in rows]  # the source column goes into the notes below the table
+    with mpl.rc_context(dict(RC)):
+        table_h, notes_h = 0.3 * (len(cells) + 1), 0.17 * len(rows)
+        fig, ax = plt.subplots(figsize=(13.5, table_h + notes_h + 0.4))
+        ax.axis("off")
+        share = table_h / (table_h + notes_h)
+        table = ax.table(cellText=cells, colLabels=TABLE_HEADER[:-1], cellLoc="left",
+                         bbox=(0.0, 1.0 - share, 1.0, share))
+        table.auto_set_font_size(False)
+        table.set_fontsize(8)
+        table.auto_set_column_width(list(range(len(TABLE_HEADER) - 1)))
+        for (row, _), cell in table.get_celld().items():
+            cell.set_edgecolor(GREY)
+            if row == 0:
+                cell.set_facecolor("#e8eef7")
+        sources = "\n".join(f"row {i + 1}: {row[-1]}" for i, row in enumerate(rows))
+        ax.text(0.0, 1.0 - share - 0.02, sources, transform=ax.transAxes, fontsize=7, va="top",
+                color="#444444")
+        ax.set_title("Published MoE training runs (parameters counted from each shape, total / active)",
+                     fontsize=10)
+    return done(fig)

@@ -68,6 +68,12 @@ def _check_arguments(optimizer_class: Any, stage: Any) -> None:
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ValueError(f"optimizer_class={optimizer_class!r} is not a torch optimizer class; pass "
                          "one, e.g. torch.optim.AdamW")
+    if optimizer_class.__name__ == "Muon":
+        raise ValueError("optimizer_class=Muon orthogonalises each whole weight matrix (Newton-Schulz), "
+                         "which a flat slice is not, so ZeRO's slices cannot run it; use "
+                         "distlab.memory.muon.OwnerMuon or AllToAllMuon (Muon for the matrices, AdamW for "
+                         "the rest), explained in book chapter 7, section 'Distributed Muon' "
+                         "(book/07-memory.md, label sec-distributed-muon)")
     if optimizer_class.__name__ in SHAPE_AWARE:
         raise ValueError(f"optimizer_class={optimizer_class.__name__} reads each parameter's shape, "
                          "which a flat slice does not have; use an element-wise optimizer (SGD, Adam, "
