@@ -94,3 +94,13 @@ def test_a_dump_is_read_by_group_and_bad_input_is_refused() -> None:
         diagnose({0: got + got[1:], 1: got})
     with pytest.raises(ValueError, match="swaps the last collective"):
         planted_calls(1, Planting(0, 0, 2, "order"), 0)
+
+
+def test_an_extra_collective_at_the_end_is_named() -> None:
+    calls = program(1)
+    records = {r: _records(calls, len(calls)) for r in range(3)}
+    records[1] = records[1] + [CollectiveRecord(len(calls) + 1, "gloo:all_reduce", ((6,),))]
+    found = diagnose(records)
+    assert (found.seq, found.ranks, found.kind) == (len(calls) + 1, (1,), "order")
+    assert found.verdict().startswith(f"collective #{len(calls) + 1}: rank 1 called all_reduce [6] where the "
+                                      "others issued nothing")

@@ -80,7 +80,7 @@ def dump(group: dist.ProcessGroup | None = None) -> list[CollectiveRecord]:
     if reader is None:
         raise RuntimeError("this torch build has no flight-recorder reader (_dump_fr_trace_json); use torch "
                            ">= 2.6")
-    parsed = json.loads(reader(True, True))
+    parsed = json.loads(reader(True, False))  # collectives included; completed ones too, not only active
     if "entries" not in parsed:
         parsed = {**parsed, "entries": []}
     return records_from_dump(parsed, None if group is None else group.group_name)

@@ -47,7 +47,8 @@ class Divergence:
                "order": "a collective the others issue elsewhere: it skipped one, or swapped two",
                "missing": "no collective at all: it stopped before this one",
                "other": "a different operation"}[self.kind]
-        return f"collective #{self.seq}: {who} {did} where the others called {self.expected} ({why})"
+        others = f"called {self.expected}" if self.expected else "issued nothing"
+        return f"collective #{self.seq}: {who} {did} where the others {others} ({why})"
 
 
 def _by_seq(records: Sequence[CollectiveRecord]) -> dict[int, CollectiveRecord]:
