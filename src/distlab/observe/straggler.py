@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distlab import launch
+
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): the MAD of normal data times this is its standard deviation
 
 
@@ -80,11 +82,12 @@ def timed_steps(steps: int, delay: float, slow_rank: int, size: int = 1 << 16, m
                 group: dist.ProcessGroup | None = None,
                 device: torch.device | None = None) -> tuple[list[float], list[float]]:
     """On a rank: `steps` steps of work (`matmuls` small matrix products) then a gradient-sized
-    all-reduce; rank `slow_rank` of `group` sleeps `delay` seconds more per step. Returns this rank's
-    (work seconds, wait seconds) per step."""
+    all-reduce; rank `slow_rank` of `group` sleeps `delay` seconds more per step. Tensors on `device`
+    (default: `launch.device()`, the CPU on gloo, this rank's GPU on NCCL). Returns this rank's (work
+    seconds, wait seconds) per step."""
     if steps < 1 or delay < 0:
         raise ValueError(f"steps={steps} and delay={delay}: steps must be >= 1 and delay >= 0 seconds")
-    dev = device or torch.device("cpu")
+    dev = device or launch.device()
     me = dist.get_rank(group)
     a = torch.randn(64, 64, device=dev)
     grad = torch.ones(size, device=dev)
