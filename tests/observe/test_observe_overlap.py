@@ -65,3 +65,15 @@ def test_a_gloo_rank_trace_is_read_and_merged() -> None:
     assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
     with pytest.raises(ValueError, match="no complete"):
         spans({"traceEvents": []}, 0)
+
+
+def test_the_trace_figure_draws_a_row_per_rank_and_thread() -> None:
+    from distlab.observe.figures import trace_figure
+
+    by_rank = {r: [Span(r, "main", "aten::mm", 0.0, 0.002, "compute"),
+                   Span(r, "thread 1", "gloo:all_reduce", 0.001, 0.003, "comm")] for r in (0, 1)}
+    fig = trace_figure(by_rank, "no step ranges: one window per rank")
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["rank 1 thread 1", "rank 1 main", "rank 0 thread 1", "rank 0 main"]
+    with pytest.raises(ValueError, match="at least 2 step range"):
+        trace_figure(by_rank, "", step=1)

@@ -22,9 +22,11 @@ COLOURS = {"compute": COMPUTE, "comm": COMMUNICATION}
 
 @styled
 def trace_figure(by_rank: Mapping[int, Sequence[Span]], title: str, step: int = 0) -> Figure:
-    """Step `step` of each rank (its `distlab:step` window), a row per rank and thread; times in ms from
-    the earliest start of that step on any rank."""
-    windows = {r: sorted((s.start, s.end) for s in sp if s.kind == "step") for r, sp in by_rank.items()}
+    """Step `step` of each rank (its `distlab:step` window; a trace without such ranges is one window from
+    its first span to its last), a row per rank and thread; times in ms from the earliest start of that
+    step on any rank."""
+    windows = {r: sorted((s.start, s.end) for s in sp if s.kind == "step")
+               or [(min(s.start for s in sp), max(s.end for s in sp))] for r, sp in by_rank.items()}
     if any(len(w) <= step for w in windows.values()):
         raise ValueError(f"step={step}: every rank's trace must hold at least {step + 1} step range(s)")
     t0 = min(w[step][0] for w in windows.values())
