@@ -20,13 +20,14 @@ from distlab.observe.plant import Planting, planted_calls, random_planting
 Finder = Callable[[Mapping[int, Sequence[CollectiveRecord]]], tuple[int, int]]
 
 
-def hang_records(steps: int, world: int, planting: Planting, rng: random.Random) -> dict[int, list]:
+def hang_records(steps: int, world: int, planting: Planting, rng: random.Random,
+                 extra: int = 2) -> dict[int, list]:
     """The records each rank holds after `planting` hung the program: its calls up to the broken collective,
-    and up to two more on some ranks (a resized all-reduce can complete on some ranks before it fails)."""
+    and up to `extra` more on some ranks (a resized all-reduce can complete on some ranks before it fails)."""
     s = planting.seq()
     out = {}
     for r in range(world):
-        calls = planted_calls(steps, planting, r)[:s + rng.randint(0, 2)]
+        calls = planted_calls(steps, planting, r)[:s + rng.randint(0, extra)]
         out[r] = [CollectiveRecord(i + 1, f"gloo:{op}", ((n,),)) for i, (op, n) in enumerate(calls)]
     return out
 

@@ -145,3 +145,35 @@ def book_memory_figure() -> Figure:
     curve = gpt_step_curve(layers=2, hidden=64, heads=4, vocab=256, batch=8, seq=32)
     return memory_figure(curve, predicted.peak_bytes, predicted.phase,
                          "One training step of the GPT (2 layers, width 64, batch 8 x 32), fp32 Adam, CPU")
+
+
+def hang_frame(rank: int = 2, collective: int = 5, mistake: str = "skip") -> list[tuple[str, str]]:
+    """A table: the last three entries of each of 4 ranks' flight record when `rank` makes `mistake` at
+    collective number `collective` of the planted program (3 steps) and every rank stops at the hang, and
+    what `hang.diagnose` names."""
+    import random
+
+    from distlab.observe.exercises import hang_records
+    from distlab.observe.hang import diagnose
+    from distlab.observe.plant import STEP, Planting
+
+    planting = Planting(rank, (collective - 1) // len(STEP), (collective - 1) % len(STEP), mistake)
+    records = hang_records(3, 4, planting, random.Random(0), extra=0)  # every rank stops at the hang
+    rows = [(f"rank {r}", ", ".join(f"#{x.seq} {x.describe()}" for x in recs[-3:]))
+            for r, recs in records.items()]
+    found = diagnose(records)
+    return rows + [("diagnosis", found.verdict() if found else "the records agree")]
+
+
+def hang_explorer():  # -> ipywidgets.Widget
+    """A widget: plant a mistake (which rank, which collective, which kind) and see the last records of
+    each rank and the diagnosis (`hang_frame`, also the static book version over a small grid)."""
+    import ipywidgets as widgets
+
+    from distlab.explorers import live_explorer
+
+    c = {"rank": widgets.IntSlider(value=2, min=0, max=3, description="rank"),
+         "collective": widgets.IntSlider(value=5, min=1, max=8, description="collective #"),
+         "mistake": widgets.Dropdown(options=["skip", "order", "size"], value="skip", description="mistake")}
+    return live_explorer("observe-hang", hang_frame, c,
+                         {"rank": [0, 2], "collective": [2, 5, 8], "mistake": ["skip", "order", "size"]})
