@@ -27,6 +27,7 @@ EXPLORERS = [  # (module, explorer, frame function)
     ("distlab.memory.figures", "estimator_explorer", "estimator_frame"),
     ("distlab.hardware.figures", "explorer", "explorer_frame"),
     ("distlab.fault_tolerance.figures", "goodput_explorer", "goodput_frame"),
+    ("distlab.observe.figures", "hang_explorer", "hang_frame"),
 ]
 
 

@@ -129,6 +129,12 @@ CHAPTERS: tuple[Chapter, ...] = (
             _ep("dryrun", "one rank of a published layout on a laptop, against the models",
                 "`python -m distlab.dryrun --published llama3-405b-16k --rank 5` (one rank's calls, bytes "
                 "and memory against chapters 9 and 7)")),
+    Chapter(13, "Seeing inside a run: profiler traces merged across ranks, overlap measured, memory over "
+            "time, a hang found from the flight recorder, a straggler found", "labs/13_inside_a_run.ipynb",
+            "book/13-inside-a-run.md", ("observe",),
+            _ep("observe", "planted hangs diagnosed from flight records; a slowed rank found",
+                "`python -m distlab.observe hang --world-size 4 --plantings 5` (which rank broke which "
+                "collective, and the hit rate); `python -m distlab.observe straggler --world-size 4`")),
 )
 
 

@@ -32,6 +32,7 @@ from distlab.memory.fp8 import figures as fp8_figures
 from distlab.memory.muon import figures as muon_figures
 from distlab.moe import figures as moe
 from distlab.moe import scale_figures as moe_scale
+from distlab.observe import figures as observe
 from distlab.parallel3d import figures as parallel3d
 from distlab.pipeline import dualpipe_v_figures as dualpipe_v
 from distlab.pipeline import figures as pipeline
@@ -174,6 +175,11 @@ BOOK_FIGURES: tuple[BookFigure, ...] = (
                "predicted FP8-over-bf16 speedup of one matmul on an H100 vs size, casts included"),
     BookFigure("memory-fp8-measured.png", fp8_figures.measured_speedup_figure,
                "FP8-over-bf16 speed-up on an H200: measured, the roofline and the measured-cost model"),
+    # Chapter 13: seeing inside a run (measured when the book is built, on this machine's CPU)
+    BookFigure("observe-trace.png", observe.book_trace_figure,
+               "one traced step of overlapped data parallelism on 2 gloo ranks, a row per rank and thread"),
+    BookFigure("observe-memory.png", observe.book_memory_figure,
+               "live bytes over one GPT training step on the CPU beside chapter 7's predicted peak"),
 )
 
 
