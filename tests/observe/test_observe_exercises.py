@@ -27,3 +27,12 @@ def test_the_solution_passes_and_mistakes_are_named() -> None:
     result = check_find_hang(last_to_stop)
     assert not result.passed
     assert "align the ranks' records by sequence number" in str(result)
+
+
+def test_two_ranks_are_refused_as_a_case_of_the_check() -> None:
+    import pytest
+
+    from distlab.observe.exercises import check_find_hang
+
+    with pytest.raises(ValueError, match="worlds=.*at least 3"):
+        check_find_hang(lambda records: (1, 0), worlds=(2, 4))

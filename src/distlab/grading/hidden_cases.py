@@ -159,6 +159,11 @@ def _merge(fn: Any, *_: Any) -> CheckResult:
     return check_merge(fn, seed=11)
 
 
+def _find_hang(fn: Any, *_: Any) -> CheckResult:
+    from distlab.observe.exercises import check_find_hang
+    return check_find_hang(fn, trials=60, seed=101, worlds=(3, 6, 8))
+
+
 NO_ARGUMENTS = "none: the function takes no arguments, its answer is one number for the lab's setup"
 HIDDEN: dict[str, Hidden] = {
     "check_ring_all_reduce": Hidden("3 ranks on 1, 2, 5, 11 and 29 elements (empty and uneven chunks)",
@@ -196,5 +201,7 @@ HIDDEN: dict[str, Hidden] = {
     "check_healing_fraction": Hidden("3 other settings: R = 4 and 16 replicas, a fraction clipped at 0, no "
                                      "detection or healing time", _healing),
     "check_outer_step": Hidden("R = 5, 2 and 6 replicas, mu = 0.95 and 0, first rounds", _outer_step),
+    "check_find_hang": Hidden("3, 6 and 8 ranks, 60 other plantings each (seed 101; the lab runs 4 and 5)",
+                              _find_hang),
     "check_tp_bytes": Hidden("the lab's model with 8 micro-batches, ranks 0 and 7", _tp_bytes),
 }

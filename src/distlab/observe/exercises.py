@@ -53,7 +53,12 @@ def _case(fn: Finder, world: int, seed: int, trials: int) -> CaseResult:
     return CaseResult(label, False, [f"{len(misses)} of {trials} wrong, e.g. {misses[0]}", hint])
 
 
-def check_find_hang(fn: Finder, trials: int = 50, seed: int = 0) -> CheckResult:
-    """`fn(records)` must return (sequence number, rank) of every planted mistake, on 4 and 5 ranks."""
-    cases = [_case(fn, world, seed + world, trials) for world in (4, 5)]
+def check_find_hang(fn: Finder, trials: int = 50, seed: int = 0,
+                    worlds: Sequence[int] = (4, 5)) -> CheckResult:
+    """`fn(records)` must return (sequence number, rank) of every planted mistake, on each number of ranks
+    in `worlds` (the lab's cases: 4 and 5; 3 or more, so that a majority can name the odd rank)."""
+    if any(isinstance(w, bool) or not isinstance(w, int) or w < 3 for w in worlds):
+        raise ValueError(f"worlds={tuple(worlds)!r} must be numbers of ranks of at least 3 (with 2 ranks no "
+                         "majority says which one broke the order), e.g. worlds=(4, 5)")
+    cases = [_case(fn, world, seed + world, trials) for world in worlds]
     return CheckResult("find the planted hang", cases, case_heading="case")
