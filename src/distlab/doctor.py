@@ -149,17 +149,25 @@ def nccl_warnings(torch_nccl: str | None, loaded: str | None, pip: dict[str, str
     """Warnings for every pair of known NCCL versions that disagree (none when versions are unknown)."""
     out = []
     for package, version in pip.items():
-        if torch_nccl and not _same_version(torch_nccl, version):
-            out.append(f"NCCL mismatch: torch was built against NCCL {torch_nccl}, but the pip package "
-                       f"{package} is {version}. Install the {package} version torch expects "
-                       f"(`pip install {package}=={torch_nccl}`) or a torch built for {version}.")
-        if loaded and not _same_version(loaded, version):
-            out.append(f"NCCL mismatch: torch loaded NCCL {loaded} from {loaded_path or 'an unknown path'}, "
-                       f"not the pip package {package} {version}; check LD_LIBRARY_PATH and LD_PRELOAD.")
+        out += _pip_nccl_warnings(package, version, torch_nccl, loaded, loaded_path)
     said = any(_same_version(loaded, v) for v in pip.values()) if loaded else False  # covered above
     if torch_nccl and loaded and not _same_version(torch_nccl, loaded) and not said:
         out.append(f"NCCL mismatch: torch was built against NCCL {torch_nccl} but loaded {loaded} "
                    f"from {loaded_path or 'an unknown path'}.")
+    return out
+
+
+def _pip_nccl_warnings(package: str, version: str, torch_nccl: str | None, loaded: str | None,
+                       loaded_path: str | None) -> list[str]:
+    """Where one pip NCCL package disagrees with the NCCL torch was built against or the one it loaded."""
+    out = []
+    if torch_nccl and not _same_version(torch_nccl, version):
+        out.append(f"NCCL mismatch: torch was built against NCCL {torch_nccl}, but the pip package "
+                   f"{package} is {version}. Install the {package} version torch expects "
+                   f"(`pip install {package}=={torch_nccl}`) or a torch built for {version}.")
+    if loaded and not _same_version(loaded, version):
+        out.append(f"NCCL mismatch: torch loaded NCCL {loaded} from {loaded_path or 'an unknown path'}, "
+                   f"not the pip package {package} {version}; check LD_LIBRARY_PATH and LD_PRELOAD.")
     return out
 
 

@@ -47,19 +47,24 @@ def check_order(topo: Topology, order: Sequence[str]) -> list[str]:
 def ring_hops(topo: Topology, rings: Sequence[Sequence[str]]) -> list[list[Hop]]:
     """The hops of rings that run at the same time; hops crossing a link in one direction share it."""
     orders = [check_order(topo, r) for r in rings]
-    paths = [[topo.path(o[i], o[(i + 1) % len(o)]) for i in range(len(o))] if len(o) > 1 else []
-             for o in orders]
+    paths = [_ring_paths(topo, o) for o in orders]
     use = Counter((p[i], p[i + 1]) for ring in paths for p in ring for i in range(len(p) - 1))
-    out = []
-    for ring in paths:
-        hops = []
-        for p in ring:
-            edges = [(p[i], p[i + 1]) for i in range(len(p) - 1)]
-            shares = [(topo.link(u, v).GBps / use[(u, v)], topo.link(u, v)) for u, v in edges]
-            bw, slow = min(shares, key=lambda s: s[0])
-            hops.append(Hop(p[0], p[-1], p, bw, sum(topo.link(u, v).latency for u, v in edges), slow))
-        out.append(hops)
-    return out
+    return [[_hop(topo, p, use) for p in ring] for ring in paths]
+
+
+def _ring_paths(topo: Topology, order: list[str]) -> list[tuple[str, ...]]:
+    """The path of each hop of the ring `order`, from each GPU to the next (none for a ring of one GPU)."""
+    if len(order) < 2:
+        return []
+    return [topo.path(order[i], order[(i + 1) % len(order)]) for i in range(len(order))]
+
+
+def _hop(topo: Topology, path: tuple[str, ...], use: Counter) -> Hop:
+    """The hop along `path`: its share of each link (`use` hops cross it that way), slowest link, latency."""
+    edges = [(path[i], path[i + 1]) for i in range(len(path) - 1)]
+    shares = [(topo.link(u, v).GBps / use[(u, v)], topo.link(u, v)) for u, v in edges]
+    bw, slow = min(shares, key=lambda s: s[0])
+    return Hop(path[0], path[-1], path, bw, sum(topo.link(u, v).latency for u, v in edges), slow)
 
 
 def bottleneck(topo: Topology, order: Sequence[str]) -> Hop:

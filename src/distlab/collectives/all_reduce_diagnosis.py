@@ -189,15 +189,30 @@ def _runs(sigs: list[tuple], chunks: list[tuple[int, int]]) -> list[tuple[tuple,
     return runs
 
 
+def _right_chunks(sigs: list[tuple], chunks: list[tuple[int, int]]) -> list[int]:
+    """The chunks (non-empty) whose every element holds the right sum."""
+    return [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
+
+
+def _partial_sum(sig: tuple) -> bool:
+    """Whether a wrong element holds part of the sum, no rank more than once."""
+    return sig[0] == "own" or (sig[0] == "mix" and max(sig[1]) == 1)
+
+
+def _one_rank(sig: tuple) -> bool:
+    """Whether a wrong element holds one rank's data only."""
+    return sig[0] == "own" or sum(sig[1]) == 1
+
+
 def _phase_missing(sigs: list[tuple], wrong: list, chunks: list[tuple[int, int]], rank: int) -> list[str]:
     """When data is missing and nothing doubled: the phase of the ring that did not run, if it shows."""
-    right = [k for k, (lo, hi) in enumerate(chunks) if hi > lo and all(s == ("ok",) for s in sigs[lo:hi])]
-    partial = [s for s, _, _ in wrong if s[0] == "own" or (s[0] == "mix" and max(s[1]) == 1)]
+    right = _right_chunks(sigs, chunks)
+    partial = [s for s, _, _ in wrong if _partial_sum(s)]
     if len(partial) != len(wrong):
         return []
     if len(right) == 1:
         return [f"only chunk {right[0]} is correct on rank {rank}: did the all-gather phase run?"]
-    if all(s[0] == "own" or sum(s[1]) == 1 for s in partial):
+    if all(_one_rank(s) for s in partial):
         return [f"every wrong chunk on rank {rank} holds one rank's data only: the all-gather spread chunks "
                 "that were never reduced (does the reduce-scatter run p - 1 steps, and does the all-gather "
                 "start from the chunk this rank finished reducing?)"]
@@ -216,12 +231,17 @@ def _diagnose(rank: int, p: int, n: int, original, got, expected, returned: Any,
     if all(s == ("own",) for s in sigs) and p > 1:
         return problems + [f"the tensor on rank {rank} is unchanged (it still equals rank {rank}'s own "
                            "input): nothing was reduced into it"]
+    return problems + _element_problems(sigs, values, want, n, rank, p, ranks_per_node)
+
+
+def _element_problems(sigs: list[tuple], values: list[float], want: list[float], n: int, rank: int, p: int,
+                      ranks_per_node: int | None) -> list[str]:
+    """The problems the elements show: the ring phase that did not run (if it shows), then each wrong run."""
     parts = p if ranks_per_node is None else None
     chunks = chunk_bounds(n, parts) if parts else [(0, n)]
     wrong = [(s, a, b) for s, a, b in _runs(sigs, chunks) if s != ("ok",)]
-    if parts and wrong and n >= p > 1:
-        problems += _phase_missing(sigs, wrong, chunks, rank)
-    return problems + _details(wrong, values, want, n, parts, rank, p, ranks_per_node)
+    phase = _phase_missing(sigs, wrong, chunks, rank) if parts and wrong and n >= p > 1 else []
+    return phase + _details(wrong, values, want, n, parts, rank, p, ranks_per_node)
 
 
 def _details(wrong: list, values: list[float], want: list[float], n: int, parts: int | None, rank: int,

@@ -73,9 +73,20 @@ def _move(collective: str, bufs: list[list[Cell]], root: int) -> list[list[Cell]
     if collective == "scatter":
         return _split(bufs[root], p, collective)
     if collective in ("gather", "all_gather"):
-        joined = [c for b in bufs for c in b]
-        return [list(joined) if collective == "all_gather" or r == root else [] for r in range(p)]
-    parts = [_split(b, p, collective) for b in bufs]  # all_to_all
+        return _gather(collective, bufs, root)
+    return _all_to_all(bufs)
+
+
+def _gather(collective: str, bufs: list[list[Cell]], root: int) -> list[list[Cell]]:
+    """Gather (the root gets every rank's cells, rank by rank) and all-gather (every rank gets them)."""
+    joined = [c for b in bufs for c in b]
+    return [list(joined) if collective == "all_gather" or r == root else [] for r in range(len(bufs))]
+
+
+def _all_to_all(bufs: list[list[Cell]]) -> list[list[Cell]]:
+    """All-to-all: rank i gets chunk i of every rank's buffer, in rank order."""
+    p = len(bufs)
+    parts = [_split(b, p, "all_to_all") for b in bufs]
     return [[c for j in range(p) for c in parts[j][i]] for i in range(p)]
 
 

@@ -116,9 +116,20 @@ def ulysses_vs_ring_figure(seq_len: int = 131072,
     gpu, server = catalog.lookup("gpu", "H100"), catalog.lookup("server", "DGX H100")
     intra = catalog.lookup("nvlink", gpu.nvlink).gpu_GBps_per_direction
     inter = server.nic_GBps_per_direction
-    e, b = 2, 1
-    kv_total = 2 * b * kv_heads * seq_len * head_dim * e  # the layer's K and V, all tokens
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4))
+    shape = {"seq_len": seq_len, "batch": 1, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+             "dtype_bytes": 2}
+    _traffic_panel(ax, shape, cps, node)
+    _time_panel(bx, {**shape, "flops_per_s": gpu.dense_16bit_tflops * 1e12}, cps, node, intra, inter)
+    fig.tight_layout()
+    return fig
+
+
+def _traffic_panel(ax: mpl.axes.Axes, shape: dict, cps: Sequence[int], node: int) -> None:
+    """The left panel: bytes each rank sends per layer, fwd + bwd, in units of the layer's K and V."""
+    seq_len, b, heads, kv_heads = shape["seq_len"], shape["batch"], shape["heads"], shape["kv_heads"]
+    head_dim, e = shape["head_dim"], shape["dtype_bytes"]
+    kv_total = 2 * b * kv_heads * seq_len * head_dim * e  # the layer's K and V, all tokens
     x = np.array(cps)
     ring = [sum(cost_model.hybrid_bytes_per_rank(1, p, seq_len, b, heads, kv_heads, head_dim, e).values())
             - cost_model.hybrid_bytes_per_rank(1, p, seq_len, b, heads, kv_heads, head_dim, e)["ulysses"]
@@ -126,11 +137,7 @@ def ulysses_vs_ring_figure(seq_len: int = 131072,
     uly_ps = [p for p in cps if kv_heads % p == 0]
     uly = [2 * cost_model.ulysses_bytes_per_rank(p, seq_len, b, heads, kv_heads, head_dim, e)["forward"]
            for p in uly_ps]
-    hyb = []
-    for p in cps:
-        h = cost_model.hybrid_bytes_per_rank(min(p, node), max(1, p // node), seq_len, b, heads, kv_heads,
-                                             head_dim, e)
-        hyb.append(2 * h["ulysses"] + h["ring_forward"] + h["ring_backward"])
+    hyb = [_hybrid_bytes(min(p, node), max(1, p // node), shape) for p in cps]
     ax.plot(x, np.array(ring) / kv_total, "o-", color=style.VERMILION, label="ring")
     ax.plot(uly_ps, np.array(uly) / kv_total, "s-", color=style.BLUE,
             label=f"Ulysses (cp divides {kv_heads} kv heads)")
@@ -140,8 +147,20 @@ def ulysses_vs_ring_figure(seq_len: int = 131072,
     ax.set_ylabel("bytes sent per rank, fwd + bwd\n(in units of the layer's K and V)")
     ax.set_title(f"Per-rank traffic, L={seq_len // 1024}K, {heads} heads / {kv_heads} kv heads")
     ax.legend(frameon=False, fontsize=7)
-    kw = {"seq_len": seq_len, "batch": b, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-          "dtype_bytes": e, "flops_per_s": gpu.dense_16bit_tflops * 1e12}
+
+
+def _hybrid_bytes(u: int, r: int, shape: dict) -> int:
+    """Bytes one rank sends per layer, fwd + bwd, under the hybrid: Ulysses over u ranks, ring over r."""
+    h = cost_model.hybrid_bytes_per_rank(u, r, shape["seq_len"], shape["batch"], shape["heads"],
+                                         shape["kv_heads"], shape["head_dim"], shape["dtype_bytes"])
+    return 2 * h["ulysses"] + h["ring_forward"] + h["ring_backward"]
+
+
+def _time_panel(bx: mpl.axes.Axes, kw: dict, cps: Sequence[int], node: int, intra: float,
+                inter: float) -> None:
+    """The right panel: predicted ms per layer (total and exposed communication) on DGX H100 nodes."""
+    x = np.array(cps)
+    uly_ps = [p for p in cps if kw["kv_heads"] % p == 0]
     link = {p: intra if p <= node else inter for p in cps}  # a ring of up to one node stays on NVLink
     rows = [("ring", [cost_model.cp_attention_time("ring", r=p, intra_GBps=link[p], **kw) for p in cps], x,
              style.VERMILION),
@@ -159,8 +178,6 @@ def ulysses_vs_ring_figure(seq_len: int = 131072,
     bx.set_ylabel("predicted ms per layer (fwd + bwd)")
     bx.set_title(f"DGX H100: NVLink {intra:g} GB/s, NIC {inter:g} GB/s per direction", fontsize=8)
     bx.legend(frameon=False, fontsize=6.5, ncol=2)
-    fig.tight_layout()
-    return fig
 
 
 @style.styled

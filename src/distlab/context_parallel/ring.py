@@ -120,6 +120,27 @@ def _block_grads(qa: Tensor, kb: Tensor, vb: Tensor, do: Tensor, lse: Tensor, de
     return (ds @ kb) * scale, (ds.transpose(-2, -1) @ qa) * scale, dv
 
 
+def _step_grads(ids: tuple[int, ...], src_ids: tuple[int, ...], cur: list[Tensor], rows: tuple,
+                dq: list[Tensor]) -> list[Tensor]:
+    """One step of the backward ring: add this rank's dQ of every block into `dq`; return the dK, dV that
+    this rank's queries give the K/V blocks it holds now (`rows`: its q, dO, lse and delta, per chunk)."""
+    q_parts, do_parts, lse_parts, delta_parts = rows
+    n = len(ids)
+    dk = [torch.zeros_like(t) for t in cur[0].chunk(n, -2)]
+    dv = [torch.zeros_like(t) for t in cur[1].chunk(n, -2)]
+    for i, a in enumerate(ids):
+        for j, (b, kb, vb) in enumerate(zip(src_ids, cur[0].chunk(n, -2), cur[1].chunk(n, -2), strict=True)):
+            kind = block_kind(a, b)
+            if kind == "skip":
+                continue
+            gq, gk, gv = _block_grads(q_parts[i], kb, vb, do_parts[i], lse_parts[i], delta_parts[i],
+                                      kind == "diagonal")
+            dq[i] += gq
+            dk[j] += gk
+            dv[j] += gv
+    return [torch.cat(dk, -2), torch.cat(dv, -2)]
+
+
 def ring_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
                   group: dist.ProcessGroup | None, layout: str,
                   stats: RingStats | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -128,8 +149,8 @@ def ring_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dou
     ids = chunk_ids(r, p, layout)
     n = len(ids)
     delta = (dout * out).sum(-1)  # D_i = rowsum(dO * O)
-    q_parts, do_parts = q.chunk(n, -2), dout.chunk(n, -2)
-    lse_parts, delta_parts = lse.chunk(n, -1), delta.chunk(n, -1)
+    q_parts = q.chunk(n, -2)
+    rows = (q_parts, dout.chunk(n, -2), lse.chunk(n, -1), delta.chunk(n, -1))  # per chunk: q, dO, lse, D
     dq = [torch.zeros_like(t) for t in q_parts]
     cur = [k, v]
     own: list[Tensor] = []
@@ -138,20 +159,7 @@ def ring_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dou
     for s in range(p):
         src = (r - s) % p
         nxt, reqs = _exchange(cur, group, stats, "backward") if s < p - 1 else (cur, [])
-        dk = [torch.zeros_like(t) for t in cur[0].chunk(n, -2)]
-        dv = [torch.zeros_like(t) for t in cur[1].chunk(n, -2)]
-        for i, a in enumerate(ids):
-            for j, (b, kb, vb) in enumerate(zip(chunk_ids(src, p, layout), cur[0].chunk(n, -2),
-                                                cur[1].chunk(n, -2), strict=True)):
-                kind = block_kind(a, b)
-                if kind == "skip":
-                    continue
-                gq, gk, gv = _block_grads(q_parts[i], kb, vb, do_parts[i], lse_parts[i], delta_parts[i],
-                                          kind == "diagonal")
-                dq[i] += gq
-                dk[j] += gk
-                dv[j] += gv
-        contribution = [torch.cat(dk, -2), torch.cat(dv, -2)]
+        contribution = _step_grads(ids, chunk_ids(src, p, layout), cur, rows, dq)
         if s == 0:
             own = contribution
         else:  # the accumulator of block src: born here at step 1, else received at the last step

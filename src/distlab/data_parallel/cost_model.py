@@ -49,16 +49,7 @@ def predicted_timeline(param_bytes: Sequence[int], backward_seconds: float, buck
     if not sizes or min(sizes) <= 0 or backward_seconds < 0:
         raise ValueError("param_bytes must be non-empty and positive and backward_seconds >= 0; pass "
                          "the gradient sizes in bytes, e.g. [4096, 256, 4096]")
-    total = sum(sizes)
-    buckets: list[tuple[int, float]] = []  # (bytes, time at which the bucket is full)
-    size, ready = 0, 0.0
-    for nbytes in sizes:
-        if size and size + nbytes > bucket_bytes:
-            buckets.append((size, ready))
-            size = 0
-        size += nbytes
-        ready += backward_seconds * nbytes / total
-    buckets.append((size, backward_seconds))
+    buckets = _filled_buckets(sizes, backward_seconds, bucket_bytes)
     launch, done, free = [], [], 0.0
     for nbytes, full in buckets:
         start = max(full if overlap else backward_seconds, free)
@@ -68,3 +59,18 @@ def predicted_timeline(param_bytes: Sequence[int], backward_seconds: float, buck
     name = strategy or ("overlapped" if overlap else "bucketed")
     return StepTimeline(name, backward_seconds, max(free, backward_seconds), tuple(launch), tuple(done),
                         tuple(b for b, _ in buckets))
+
+
+def _filled_buckets(sizes: list[int], backward_seconds: float, bucket_bytes: int) -> list[tuple[int, float]]:
+    """The buckets as (bytes, time backward has filled it), gradients ready in proportion to their bytes."""
+    total = sum(sizes)
+    buckets: list[tuple[int, float]] = []
+    size, ready = 0, 0.0
+    for nbytes in sizes:
+        if size and size + nbytes > bucket_bytes:
+            buckets.append((size, ready))
+            size = 0
+        size += nbytes
+        ready += backward_seconds * nbytes / total
+    buckets.append((size, backward_seconds))
+    return buckets

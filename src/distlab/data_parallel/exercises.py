@@ -156,35 +156,43 @@ def _merge(lines: list[str]) -> list[str]:
     return [f"bucket{'s' if len(b) > 1 else ''} {', '.join(b)}: {p}" if b else p for p, b in where.items()]
 
 
-def check_bucketed_all_reduce(fn: Callable[[list[nn.Parameter]], Any], world_sizes: Sequence[int] = (2, 3),
-                              timeout: float = 10.0) -> CheckResult:
-    """Run `fn(bucket)` on each world size and report, per world size, what is wrong (see the module
-    docstring). `timeout`: seconds a rank may wait in a collective before the check calls it a hang."""
-    from distlab import launch
-
+def _check_arguments(fn: Any, world_sizes: Sequence[int]) -> None:
+    """Raise a clear error for a check called with something else than a function or bad world sizes."""
     if not callable(fn):
         raise ValueError(f"fn={fn!r} is not a function: pass your function itself, e.g. "
                          "check_bucketed_all_reduce(my_bucket_all_reduce), without calling it")
     if any(isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 8 for p in world_sizes):
         raise ValueError(f"world_sizes={tuple(world_sizes)} must hold whole numbers from 1 to 8, "
                          "e.g. (2, 3)")
+
+
+def _world_case(fn: Callable[[list[nn.Parameter]], Any], p: int, label: str, timeout: float) -> CaseResult:
+    """One world size: `fn` run on p ranks, its verdict (a stub, a hang, a raise, or what the ranks saw)."""
+    from distlab import launch
+
+    try:
+        per_rank = launch.run(run_in_rank, p, fn, timeout=timeout)
+    except launch.RankError as err:
+        last = (err.traceback or str(err)).strip().splitlines()[-1]
+        hang = "timed out" in str(err).lower()
+        if is_stub(err):
+            return not_written(label)
+        return CaseResult(label, False, [
+            f"rank {err.rank} waited for the other ranks and timed out: every rank must make the same "
+            "collective calls in the same order" if hang else f"rank {err.rank} raised: {last}"])
+    return CaseResult(label, not per_rank[0], _merge(per_rank[0]))  # every rank says the same
+
+
+def check_bucketed_all_reduce(fn: Callable[[list[nn.Parameter]], Any], world_sizes: Sequence[int] = (2, 3),
+                              timeout: float = 10.0) -> CheckResult:
+    """Run `fn(bucket)` on each world size and report, per world size, what is wrong (see the module
+    docstring). `timeout`: seconds a rank may wait in a collective before the check calls it a hang."""
+    _check_arguments(fn, world_sizes)
     cases: list[CaseResult] = []
     for p in world_sizes:
         label = f"{p} rank{'s' if p > 1 else ''}"
         if cases and cases[-1].lines == [NOT_WRITTEN]:  # still the stub: the next launch would say the same
             cases.append(not_written(label))
-            continue
-        try:
-            per_rank = launch.run(run_in_rank, p, fn, timeout=timeout)
-        except launch.RankError as err:
-            last = (err.traceback or str(err)).strip().splitlines()[-1]
-            hang = "timed out" in str(err).lower()
-            if is_stub(err):
-                cases.append(not_written(label))
-                continue
-            cases.append(CaseResult(label, False, [
-                f"rank {err.rank} waited for the other ranks and timed out: every rank must make the same "
-                "collective calls in the same order" if hang else f"rank {err.rank} raised: {last}"]))
-            continue
-        cases.append(CaseResult(label, not per_rank[0], _merge(per_rank[0])))  # every rank says the same
+        else:
+            cases.append(_world_case(fn, p, label, timeout))
     return CheckResult("check_bucketed_all_reduce", cases)

@@ -169,12 +169,25 @@ def render_lines(section: dict | None) -> list[str]:
     """The text report's lines: the fitted curves, then each size's speed-up, then the break-evens."""
     if not section:
         return []
+    comparison = section.get("comparison")
+    return (_curve_lines(section) + _timing_lines(section)
+            + (_comparison_lines(comparison) if comparison else []))
+
+
+def _curve_lines(section: dict) -> list[str]:
+    """The fitted bf16 and fp8 GEMM efficiency curves, one line each."""
     lines = []
     for name in ("bf16", "fp8"):
         c = section.get("fitted", {}).get(name)
         if c:
             lines.append(f"gemm {name}: e_max {c['e_max']:.2f} of peak, half of it at "
                          f"{c['f_half'] / 1e9:.1f} GFLOP ({len(section.get(name, []))} shapes timed)")
+    return lines
+
+
+def _timing_lines(section: dict) -> list[str]:
+    """The bf16 grid against the fallback curve, the host synchronisation, and the FP8 cast."""
+    lines = []
     grid = section.get("grid")
     if grid:
         lines.append(f"gemm bf16 grid against the step model's fallback curve: predicted / measured time "
@@ -188,17 +201,21 @@ def render_lines(section: dict | None) -> list[str]:
     if cast:
         lines.append(f"cast bf16->e4m3 (compiled): {100 * cast['hbm_fraction']:.0f} % of the HBM roofline "
                      f"+ {cast['fixed_s'] * 1e6:.1f} us")
-    comparison = section.get("comparison")
-    if comparison:
-        for r in comparison["rows"]:
-            extra = f", fitted {r['fitted']:.2f}x" if "fitted" in r else ""
-            lines.append(f"fp8/bf16 d={r['d']}: measured {r['measured']:.2f}x, roofline "
-                         f"{r['roofline']:.2f}x, fallback {r['fallback']:.2f}x{extra}")
-        pred = ", ".join(f"{k} {v:,.0f}" for k, v in comparison["predicted_break_even"].items())
-        got = comparison["measured_break_even"]
-        shown = "never" if got is None else f"{got:,.0f}"
-        lines.append(f"fp8 break-even: measured {shown}; predicted {pred} "
-                     f"({'within' if comparison['within_goal'] else 'OUTSIDE'} {comparison['goal']}x)")
+    return lines
+
+
+def _comparison_lines(comparison: dict) -> list[str]:
+    """Each size's FP8-over-bf16 speed-up (measured and modelled), then the break-evens against the goal."""
+    lines = []
+    for r in comparison["rows"]:
+        extra = f", fitted {r['fitted']:.2f}x" if "fitted" in r else ""
+        lines.append(f"fp8/bf16 d={r['d']}: measured {r['measured']:.2f}x, roofline "
+                     f"{r['roofline']:.2f}x, fallback {r['fallback']:.2f}x{extra}")
+    pred = ", ".join(f"{k} {v:,.0f}" for k, v in comparison["predicted_break_even"].items())
+    got = comparison["measured_break_even"]
+    shown = "never" if got is None else f"{got:,.0f}"
+    lines.append(f"fp8 break-even: measured {shown}; predicted {pred} "
+                 f"({'within' if comparison['within_goal'] else 'OUTSIDE'} {comparison['goal']}x)")
     return lines
 
 

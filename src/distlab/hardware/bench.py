@@ -136,11 +136,22 @@ def gpu_results(nbytes: int = 256 << 20, repeats: int = 5, links: Sequence[probe
         return [Result(test, None, None, "", NO_GPU_SKIP) for test in GPU_TESTS]
     links = probe_host.read_pcie_links() if links is None else links
     matrix = probe_gpus.parse_topology(topology or probe_gpus.run_nvidia_smi(["topo", "-m"]) or "")
-    sync = torch.cuda.synchronize
     dev = torch.device("cuda", 0)
-    out = []
-    pcie, pcie_name = _pcie_spec(0, links)
     d = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    out = _host_copies(d, repeats, *_pcie_spec(0, links))
+    out.append(_d2d(d, repeats))
+    n = torch.cuda.device_count()
+    for i, j in itertools.permutations(range(n), 2):
+        out.append(_p2p(i, j, nbytes, repeats, matrix, links))
+    if n < 2:
+        out.append(Result("P2P", None, None, "", f"skipped: {n} GPU visible, peer to peer needs 2"))
+    return out
+
+
+def _host_copies(d: torch.Tensor, repeats: int, pcie: float | None, pcie_name: str) -> list[Result]:
+    """H2D and D2H between GPU buffer `d` and a host buffer of its size, pinned then pageable."""
+    nbytes, sync = d.numel(), torch.cuda.synchronize
+    out = []
     for pinned in (True, False):
         h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         kind = "pinned" if pinned else "pageable"
@@ -148,18 +159,18 @@ def gpu_results(nbytes: int = 256 << 20, repeats: int = 5, links: Sequence[probe
                          (f"D2H {kind}", lambda h=h: h.copy_(d, non_blocking=True))):
             t = _median_seconds(fn, repeats, sync)
             out.append(Result(name, nbytes / t / 1e9, pcie, pcie_name, f"{nbytes >> 20} MiB, GPU 0"))
-    d2 = torch.empty_like(d)
-    t = _median_seconds(lambda: d2.copy_(d), repeats, sync)
-    gpu = _gpu_spec(0)
-    out.append(Result("D2D", 2 * nbytes / t / 1e9, gpu.memory_GBps if gpu else None,
-                      f"{gpu.name} HBM, reads + writes" if gpu else not_in_catalog(0),
-                      "each byte read and written: counted twice"))
-    n = torch.cuda.device_count()
-    for i, j in itertools.permutations(range(n), 2):
-        out.append(_p2p(i, j, nbytes, repeats, matrix, links))
-    if n < 2:
-        out.append(Result("P2P", None, None, "", f"skipped: {n} GPU visible, peer to peer needs 2"))
     return out
+
+
+def _d2d(d: torch.Tensor, repeats: int) -> Result:
+    """A copy inside GPU 0's memory, against its HBM bandwidth (each byte read and written)."""
+    nbytes = d.numel()
+    d2 = torch.empty_like(d)
+    t = _median_seconds(lambda: d2.copy_(d), repeats, torch.cuda.synchronize)
+    gpu = _gpu_spec(0)
+    return Result("D2D", 2 * nbytes / t / 1e9, gpu.memory_GBps if gpu else None,
+                  f"{gpu.name} HBM, reads + writes" if gpu else not_in_catalog(0),
+                  "each byte read and written: counted twice")
 
 
 def _p2p(i: int, j: int, nbytes: int, repeats: int, matrix: dict,

@@ -100,17 +100,26 @@ def watch(procs: list[subprocess.Popen], d: Path, allowed: Collection[int], grac
 def _ended(codes: list[int | None], d: Path, allowed: Collection[int], grace: float,
            seen: dict[int, float]) -> str | None:
     """What the ranks' exit statuses say: "failed", "done", "stuck" or "absent"; None while it goes on."""
-    if any(c is not None and r not in allowed and (c != 0 or not (d / f"rank{r}.result").exists())
-           for r, c in enumerate(codes)):
+    if any(_failed(r, c, d, allowed) for r, c in enumerate(codes)):
         return "failed"
     if all(c is not None for c in codes):
         return "done"
-    returned = [seen[r] for r, c in enumerate(codes) if c == 0]
-    if returned and time.time() - min(returned) > grace:
+    if _stuck(codes, seen, grace):
         return "stuck"
     if _missing(d, len(codes), grace):
         return "absent"
     return None
+
+
+def _failed(rank: int, code: int | None, d: Path, allowed: Collection[int]) -> bool:
+    """Whether rank `rank` (not allowed to die) exited with an error, or exited 0 without a result."""
+    return code is not None and rank not in allowed and (code != 0 or not (d / f"rank{rank}.result").exists())
+
+
+def _stuck(codes: list[int | None], seen: dict[int, float], grace: float) -> bool:
+    """Whether a rank returned more than `grace` seconds ago and the others still run."""
+    returned = [seen[r] for r, c in enumerate(codes) if c == 0]
+    return bool(returned) and time.time() - min(returned) > grace
 
 
 def _past_limit(launched: float, end: float | None) -> str | None:

@@ -135,12 +135,17 @@ def where(frames: list[Frame], sources: dict[str, dict]) -> str:
     if not user:
         return _startup(frames)
     caller, called = frames[user[-1]], frames[user[-1] + 1:]
-    ops = ([f.name for f in called if f.file.endswith("distributed_c10d.py")]
-           or [f.name for f in called if TORCH_DIST in f.file and f.name != "wrapper"])
-    op = ops[0] if ops else ""
+    op = _operation(called)
     code = _code(caller.file, caller.line)
     place = f"{display(caller.file, sources)}, line {caller.line}" + (f": {code}" if code else "")
     return f"{op}, at {place}" if op else f"{caller.name}, at {place}"
+
+
+def _operation(called: list[Frame]) -> str:
+    """The `torch.distributed` function that the frames below the student's code are in ("" if none)."""
+    ops = ([f.name for f in called if f.file.endswith("distributed_c10d.py")]
+           or [f.name for f in called if TORCH_DIST in f.file and f.name != "wrapper"])
+    return ops[0] if ops else ""
 
 
 _DUMP_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')

@@ -103,6 +103,21 @@ def _diagnose_gating(got: Any, logits: Tensor, k: int, c: int) -> list[str]:
     want = combine_weights(logits, k, c)
     if torch.allclose(got, want, atol=1e-6, rtol=0):
         return []
+    named = _named_gating_mistake(got, logits, k, c)
+    if named:
+        return named
+    over = [ex for ex in range(e) if int((got[:, ex] > 0).sum()) > c]
+    if over:
+        return [f"experts {over} have more than capacity = {c} tokens with a non-zero weight"]
+    bad = torch.nonzero((got - want).abs() > 1e-6)[0].tolist()
+    return [f"token {bad[0]}, expert {bad[1]}: weight {float(got[bad[0], bad[1]]):.4g}, expected "
+            f"{float(want[bad[0], bad[1]]):.4g} (kept choices and their weights are listed by "
+            "distlab.moe.exercises.combine_weights(logits, k, capacity))"]
+
+
+def _named_gating_mistake(got: Tensor, logits: Tensor, k: int, c: int) -> list[str]:
+    """The usual mistake whose weights equal `got` (each recomputed by `combine_weights`); [] if none."""
+    t = logits.shape[0]
 
     def same(**kw: Any) -> bool:
         return torch.allclose(got, combine_weights(logits, k, **kw), atol=1e-6, rtol=0)
@@ -118,6 +133,11 @@ def _diagnose_gating(got: Any, logits: Tensor, k: int, c: int) -> list[str]:
         load = (got > 0).sum(0).tolist()
         return [f"capacity is not enforced: experts received {load} tokens, but each may take at most "
                 f"capacity = {c}; drop the assignments beyond it (set their weight to 0)"]
+    return _drop_mistake(same, c)
+
+
+def _drop_mistake(same: Callable[..., bool], c: int) -> list[str]:
+    """The right capacity, but tokens dropped in another order or gates renormalised after dropping."""
     for order, what in (("token", "token by token (all of token 0's choices, then token 1's)"),
                         ("reverse", "from the last token backwards"),
                         ("probability", "by router probability, highest first")):
@@ -128,13 +148,7 @@ def _diagnose_gating(got: Any, logits: Tensor, k: int, c: int) -> list[str]:
     if same(capacity=c, renormalize_after_drop=True):
         return ["the gates were renormalised after dropping: a dropped choice should simply lose its share "
                 "(normalise the k gates before the capacity check)"]
-    over = [ex for ex in range(e) if int((got[:, ex] > 0).sum()) > c]
-    if over:
-        return [f"experts {over} have more than capacity = {c} tokens with a non-zero weight"]
-    bad = torch.nonzero((got - want).abs() > 1e-6)[0].tolist()
-    return [f"token {bad[0]}, expert {bad[1]}: weight {float(got[bad[0], bad[1]]):.4g}, expected "
-            f"{float(want[bad[0], bad[1]]):.4g} (kept choices and their weights are listed by "
-            "distlab.moe.exercises.combine_weights(logits, k, capacity))"]
+    return []
 
 
 def check_top_k_gating(fn: Callable[[Tensor, int, int], Tensor],
@@ -235,59 +249,23 @@ def _expert_parallel_rank(fn: Callable[..., Any]) -> list[list[str]]:
     import torch.distributed as dist
 
     from distlab import launch
+    from distlab.moe import expert_parallel_diagnosis as diagnosis
     from distlab.moe.expert_parallel import ExpertParallelMoE
-    from distlab.moe.layer import MoELayer
-    from distlab.parity import compare
 
     r, p, dev = dist.get_rank(), dist.get_world_size(), launch.device()
     reports = []
     for k, factor, seed in ((1, 1.0, 0), (2, 0.75, 1)):
-        sizes = [4 + 3 * q for q in range(p)]
-        with torch.device("cpu"):  # the single-process reference, on the CPU wherever the ranks run
-            torch.manual_seed(seed)
-            ref = MoELayer(6, 12, 2 * p, k, factor).double()
-            g = torch.Generator().manual_seed(seed + 1)
-            x = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
-            w = torch.randn(sum(sizes), 6, generator=g, dtype=torch.float64)
-            x_ref = x.clone().requires_grad_()
-            out = ref(x_ref, group_sizes=sizes)
-            (out.y * w).sum().backward()
-        a, b = sum(sizes[:r]), sum(sizes[:r + 1])
+        ref = diagnosis.reference(p, k, factor, seed)
+        a, b = ref.rows(r)
         # the reference runs on the CPU; the ranks' layer and rows on their device (a GPU under NCCL)
         with torch.device("cpu"):
-            layer = ExpertParallelMoE.from_reference(ref)
+            layer = ExpertParallelMoE.from_reference(ref.layer)
         layer = layer.to(dev)
-        x_mine = x[a:b].clone().to(dev).requires_grad_()
+        x_mine = ref.x[a:b].clone().to(dev).requires_grad_()
         y_dev = fn(layer, x_mine)
         y = y_dev.cpu() if isinstance(y_dev, torch.Tensor) else y_dev
-        problems = []
-        if not isinstance(y, torch.Tensor) or tuple(y.shape) != (b - a, 6):
-            shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-            problems.append(f"rank {r} returned {shape}; return this rank's output rows, shape {(b - a, 6)}")
-        elif not compare(y, out.y[a:b]).passed:  # float64's tolerance, distlab.parity.TOLERANCE
-            routing = out.routings[r]
-            unweighted = torch.zeros_like(x[a:b])
-            for i, expert in enumerate(ref.experts):
-                tok, cho = torch.nonzero((routing.expert_index == i) & routing.kept, as_tuple=True)
-                unweighted = unweighted.index_add(0, tok, expert(x[a:b][tok]).detach())
-            if float(y.detach().abs().max()) == 0.0:
-                problems.append(f"rank {r}'s output is all zeros: did the results come back (the combine "
-                                "all-to-all, split sizes swapped) and get added into y?")
-            elif compare(y, unweighted).passed:
-                problems.append(f"rank {r}: the expert outputs were not multiplied by the gates")
-            else:
-                problems.append(f"rank {r}: output differs from the reference by up to "
-                                f"{compare(y, out.y[a:b]).worst():.3g} (rows sent to the wrong rank, or "
-                                "results added to the wrong tokens?)")
-        else:
-            if y_dev.requires_grad:
-                (y_dev * w[a:b].to(dev)).sum().backward()
-            if x_mine.grad is None or not compare(x_mine.grad.cpu(), x_ref.grad[a:b]).passed:
-                problems.append(f"rank {r}: the output is right but the gradient of x is "
-                                f"{'missing' if x_mine.grad is None else 'wrong'}: dist.all_to_all_single is "
-                                "not differentiable; send the rows with distlab.moe.all_to_all (or your own "
-                                "autograd.Function whose backward is the reverse all-to-all)")
-        reports.append(problems)
+        problems = diagnosis.output_problems(y, ref, r)
+        reports.append(problems or diagnosis.gradient_problems(y_dev, x_mine, ref, r))
     return reports
 
 

@@ -48,18 +48,22 @@ class NodeLayout:
             ok = [d for d in range(1, p + 1) if p % d == 0]
             raise ValueError(f"ranks_per_node={m} does not divide world_size={p}: every simulated node must "
                              f"hold the same number of ranks; choose ranks_per_node in {ok}")
-        big_m = self.max_nodes
-        if big_m is not None:
-            if isinstance(big_m, bool) or not isinstance(big_m, int) or big_m < 1:
-                raise ValueError(f"max_nodes={big_m!r} must be a positive integer (M, nodes a token may "
-                                 "reach) or None for no limit")
-            if big_m > self.nodes:
-                raise ValueError(f"max_nodes={big_m} is larger than the {self.nodes} nodes there are "
-                                 f"(world_size={p} / ranks_per_node={m}); choose max_nodes <= {self.nodes}")
-            if self.k > big_m * self.experts_per_node:
-                raise ValueError(f"k={self.k} experts cannot fit on max_nodes={big_m} nodes of "
-                                 f"{self.experts_per_node} experts each; choose k <= "
-                                 f"{big_m * self.experts_per_node} or a larger max_nodes")
+        if self.max_nodes is not None:
+            self._check_max_nodes()
+
+    def _check_max_nodes(self) -> None:
+        """M must be a positive integer, at most N, and its nodes must hold at least k experts."""
+        big_m, p, m = self.max_nodes, self.world_size, self.ranks_per_node
+        if isinstance(big_m, bool) or not isinstance(big_m, int) or big_m < 1:
+            raise ValueError(f"max_nodes={big_m!r} must be a positive integer (M, nodes a token may "
+                             "reach) or None for no limit")
+        if big_m > self.nodes:
+            raise ValueError(f"max_nodes={big_m} is larger than the {self.nodes} nodes there are "
+                             f"(world_size={p} / ranks_per_node={m}); choose max_nodes <= {self.nodes}")
+        if self.k > big_m * self.experts_per_node:
+            raise ValueError(f"k={self.k} experts cannot fit on max_nodes={big_m} nodes of "
+                             f"{self.experts_per_node} experts each; choose k <= "
+                             f"{big_m * self.experts_per_node} or a larger max_nodes")
 
     @property
     def nodes(self) -> int:

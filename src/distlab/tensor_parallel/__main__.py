@@ -99,14 +99,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         p.error(f"argument --hidden: {args.hidden} is not divisible by --heads {args.heads}")
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     validate(p, args, [int(os.environ["WORLD_SIZE"])] if torchrun else args.world_size)
-    if torchrun:
-        runs = [launch.under_torchrun(_step, args)]
-    else:
-        runs = [launch.run(_step, n, args)[0] for n in args.world_size]
-    out = [summarize(rep, args) for rep in runs]
+    out = [summarize(rep, args) for rep in _runs(args, torchrun)]
     if not torchrun or int(os.environ["RANK"]) == 0:
-        print(json.dumps(out, indent=1) if args.json else "\n".join(describe(s) for s in out), flush=True)
+        _print(out, args.json)
     return out
+
+
+def _runs(args: argparse.Namespace, torchrun: bool) -> list:
+    """Under torchrun this rank's report; else one launch per --world-size, rank 0's report of each."""
+    if torchrun:
+        return [launch.under_torchrun(_step, args)]
+    return [launch.run(_step, n, args)[0] for n in args.world_size]
+
+
+def _print(out: list[dict], as_json: bool) -> None:
+    """The runs' summaries, as JSON or as one description each."""
+    print(json.dumps(out, indent=1) if as_json else "\n".join(describe(s) for s in out), flush=True)
 
 
 if __name__ == "__main__":
