@@ -136,30 +136,51 @@ def _watch(child: _Child, timeout: float) -> tuple[list[dict], dict | None]:
     it was in when it stopped (timed out or crashed), if any."""
     while True:
         lines = child.lines()
-        done = [x for x in lines if "verdict" in x]
-        current = lines[-1]["start"] if lines and "start" in lines[-1] else None
-        exited = child.proc.poll() is not None
-        if exited:
-            child.kill()
-            lines = child.lines()  # what it wrote just before it ended
-            done = [x for x in lines if "verdict" in x]
-            current = lines[-1]["start"] if lines and "start" in lines[-1] else None
-            if current is None:
-                return done, None
-            code = child.proc.returncode
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            said = child.tail()
-            message = f"the process ended ({how})" + (f"; its last output: {said}" if said else "")
-            return done, {"check": current, "verdict": "crashed", "message": message}
-        since = child.began + _started_at(child, len(lines))  # when the engine saw the last line
-        limit = timeout if lines else START_LIMIT
-        if time.monotonic() - since > limit:
-            child.kill()
-            what = "timed out" if current else "crashed"
-            message = (f"still running after {timeout:g} s" if current else
-                       f"the grading process did not go on to this exercise within {limit:g} s")
-            return done, {"check": current or "", "verdict": what, "message": message, "seconds": limit}
+        if child.proc.poll() is not None:
+            return _ended(child)
+        stopped = _overrun(child, lines, timeout)
+        if stopped is not None:
+            return _finished(lines), stopped
         time.sleep(0.1)
+
+
+def _finished(lines: list[dict]) -> list[dict]:
+    """The rows of the exercises that have a verdict."""
+    return [x for x in lines if "verdict" in x]
+
+
+def _current(lines: list[dict]) -> str | None:
+    """The check the child started last and has not finished, if any."""
+    return lines[-1]["start"] if lines and "start" in lines[-1] else None
+
+
+def _ended(child: _Child) -> tuple[list[dict], dict | None]:
+    """A child that exited: its finished rows, and a "crashed" row for the exercise it was in, if any."""
+    child.kill()
+    lines = child.lines()  # what it wrote just before it ended
+    current = _current(lines)
+    if current is None:
+        return _finished(lines), None
+    code = child.proc.returncode
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    said = child.tail()
+    message = f"the process ended ({how})" + (f"; its last output: {said}" if said else "")
+    return _finished(lines), {"check": current, "verdict": "crashed", "message": message}
+
+
+def _overrun(child: _Child, lines: list[dict], timeout: float) -> dict | None:
+    """When the child has spent too long since its last line (`timeout`, or `START_LIMIT` before its
+    first): kill it and return the row of the exercise it was in; else None."""
+    since = child.began + _started_at(child, len(lines))  # when the engine saw the last line
+    limit = timeout if lines else START_LIMIT
+    if time.monotonic() - since <= limit:
+        return None
+    child.kill()
+    current = _current(lines)
+    what = "timed out" if current else "crashed"
+    message = (f"still running after {timeout:g} s" if current else
+               f"the grading process did not go on to this exercise within {limit:g} s")
+    return {"check": current or "", "verdict": what, "message": message, "seconds": limit}
 
 
 def _started_at(child: _Child, count: int) -> float:
@@ -198,20 +219,32 @@ def _run_jobs(jobs: list[dict], hidden: bool, timeout: float) -> list[dict]:
         shutil.copyfile(guard.__file__, root / "site" / "sitecustomize.py")
         out: list[dict] = []
         while jobs:
-            child = _Child(root, jobs, hidden)
-            done, stopped = _watch(child, timeout)
-            names = {j["check"] for j in jobs}
-            out += [x for x in done if x["check"] in names]
-            jobs = [j for j in jobs if j["check"] not in {x["check"] for x in done}]
-            if stopped is None and jobs:
-                stopped = {"check": "", "verdict": "crashed",
-                           "message": "the grading process ended before this exercise started"}
-            if stopped is not None and stopped["check"]:
-                out.append(stopped)
-                jobs = [j for j in jobs if j["check"] != stopped["check"]]
-            elif stopped is not None:  # between two exercises: every exercise left shares the verdict
-                out += [{**stopped, "check": j["check"]} for j in jobs]
-                jobs = []
+            rows, jobs = _run_child(root, jobs, hidden, timeout)
+            out += rows
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_child(root: Path, jobs: list[dict], hidden: bool, timeout: float) -> tuple[list[dict], list[dict]]:
+    """Run `jobs` in one guarded child until it ends or stops: the rows it gave, and the jobs left."""
+    child = _Child(root, jobs, hidden)
+    done, stopped = _watch(child, timeout)
+    names = {j["check"] for j in jobs}
+    rows = [x for x in done if x["check"] in names]
+    jobs = [j for j in jobs if j["check"] not in {x["check"] for x in done}]
+    more, jobs = _stopped_rows(stopped, jobs)
+    return rows + more, jobs
+
+
+def _stopped_rows(stopped: dict | None, jobs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The rows a child's stop gives (`stopped`: its row, or None when it ended), and the jobs still left."""
+    if stopped is None and jobs:
+        stopped = {"check": "", "verdict": "crashed",
+                   "message": "the grading process ended before this exercise started"}
+    if stopped is None:
+        return [], jobs
+    if stopped["check"]:
+        return [stopped], [j for j in jobs if j["check"] != stopped["check"]]
+    # between two exercises: every exercise left shares the verdict
+    return [{**stopped, "check": j["check"]} for j in jobs], []

@@ -78,18 +78,33 @@ def context(cells: list[str], index: int) -> str:
     exercise = parse(cells[index]) or ast.Module(body=[], type_ignores=[])
     roots = [n for n in ast.walk(exercise) if isinstance(n, DEFINITIONS[:3]) or is_check_call(n)]
     needed = set().union(*(read_names(n) for n in roots)) - _local_names(exercise)
-    nodes = [n for tree in (parse(c) for c in cells[:index + 1]) for n in (tree.body if tree else [])
-             if isinstance(n, ast.Import | ast.ImportFrom | ast.Assign | ast.AnnAssign)]
+    nodes = _setup_statements(cells[:index + 1])
+    needed = _grow(nodes, needed)
+    return "\n".join(ast.unparse(n) for n in nodes if isinstance(n, ast.Import | ast.ImportFrom)
+                     or _defines(n, needed))
+
+
+def _setup_statements(cells: list[str]) -> list[ast.stmt]:
+    """The top-level imports and assignments of `cells` (cells that do not parse give none), in order."""
+    return [n for tree in (parse(c) for c in cells) for n in (tree.body if tree else [])
+            if isinstance(n, ast.Import | ast.ImportFrom | ast.Assign | ast.AnnAssign)]
+
+
+def _defines(node: ast.AST, needed: set[str]) -> bool:
+    """True for an assignment of a `needed` name that calls no check."""
+    return bool(_targets(node) & needed) and not any(is_check_call(n) for n in ast.walk(node))
+
+
+def _grow(nodes: list[ast.stmt], needed: set[str]) -> set[str]:
+    """`needed` and, until nothing is added, every name a needed assignment of `nodes` reads."""
     grown = True
     while grown:  # what a needed assignment reads is needed too
         grown = False
         for node in nodes:
-            wanted = _targets(node) & needed and not any(is_check_call(n) for n in ast.walk(node))
-            if wanted and not read_names(node) <= needed:
+            if _defines(node, needed) and not read_names(node) <= needed:
                 needed |= read_names(node)
                 grown = True
-    return "\n".join(ast.unparse(n) for n in nodes if isinstance(n, ast.Import | ast.ImportFrom)
-                     or _targets(n) & needed and not any(is_check_call(c) for c in ast.walk(n)))
+    return needed
 
 
 @dataclass
@@ -110,6 +125,18 @@ def student_code(notebook: Path, functions: tuple[str, ...]) -> Submitted:
     except (OSError, ValueError, AttributeError) as err:
         return Submitted(problem=f"{notebook.name} cannot be read as a notebook ({type(err).__name__})",
                          kind="crashed")
+    found, broken = _exercise_cell(cells, functions)
+    if found is not None:
+        return Submitted(source="\n\n".join(ast.unparse(n) for n in found.body if isinstance(n, DEFINITIONS)))
+    if broken is not None:
+        return Submitted(problem=f"the cell that defines {', '.join(functions)} is not valid Python "
+                                 f"(code cell {broken + 1}); it was not run", kind="crashed")
+    return Submitted(problem=f"no cell defines {', '.join(functions)}", kind="not written")
+
+
+def _exercise_cell(cells: list[str], functions: tuple[str, ...]) -> tuple[ast.Module | None, int | None]:
+    """The last cell of `cells` that defines every name in `functions` (parsed), and the index of the
+    last cell that seems to define one of them but is not valid Python (None for either when none)."""
     found, broken = None, None
     for k, source in enumerate(cells):
         tree = parse(source)
@@ -120,9 +147,4 @@ def student_code(notebook: Path, functions: tuple[str, ...]) -> Submitted:
         defined = {n.name for n in tree.body if isinstance(n, DEFINITIONS[:3])}
         if set(functions) <= defined:
             found = tree
-    if found is not None:
-        return Submitted(source="\n\n".join(ast.unparse(n) for n in found.body if isinstance(n, DEFINITIONS)))
-    if broken is not None:
-        return Submitted(problem=f"the cell that defines {', '.join(functions)} is not valid Python "
-                                 f"(code cell {broken + 1}); it was not run", kind="crashed")
-    return Submitted(problem=f"no cell defines {', '.join(functions)}", kind="not written")
+    return found, broken

@@ -61,12 +61,17 @@ def _allowed_program(args: tuple) -> bool:
     if os.path.basename(name) in READ_ONLY_PROGRAMS:
         return True
     same = os.path.realpath(name) == os.path.realpath(sys.executable)
-    for arg in (os.fsdecode(a) for a in argv[1:]):
+    return not _skips_site(argv[1:]) and same
+
+
+def _skips_site(options: list) -> bool:
+    """True when the interpreter options before the script or -c/-m (`options`) hold -I, -S or -E."""
+    for arg in (os.fsdecode(a) for a in options):
         if not arg.startswith("-") or arg in ("-c", "-m") or arg.startswith("--"):
             break
         if set(arg[1:]) & set("ISE"):
-            return False
-    return same
+            return True
+    return False
 
 
 class _Guard:
@@ -113,18 +118,37 @@ class _Guard:
     def __call__(self, event: str, args: tuple) -> None:
         if self.busy:
             return
-        if event == "open" and len(args) >= 3 and _wants_write(args[1], args[2]) and not self.inside(args[0]):
-            self.refuse(f"writing to {args[0] if isinstance(args[0], int) else os.fsdecode(args[0])}")
-        elif event in _PATH_EVENTS:
-            for i in _PATH_EVENTS[event]:
-                if i < len(args) and not self.inside(args[i]):
-                    self.refuse(f"{event} on {args[i]}")
-        elif event == "subprocess.Popen" and not _allowed_program(args):
-            self.refuse(f"starting the program {args[1]!r}")
-        elif event in ("os.kill", "os.killpg") and args and args[0] in self.protected:
-            self.refuse(f"sending a signal to process {args[0]} (the grader)")
-        elif event in _SPAWN_EVENTS:
-            self.refuse(f"starting a program ({event})")
+        what = self._refusal(event, args)
+        if what is not None:
+            self.refuse(what)
+
+    def _refusal(self, event: str, args: tuple) -> str | None:
+        """What the audit event `event` with `args` attempts, when it is not allowed; None when it is."""
+        if event == "open":
+            return self._open_refusal(args)
+        if event in _PATH_EVENTS:
+            return self._path_refusal(event, args)
+        if event == "subprocess.Popen":
+            return None if _allowed_program(args) else f"starting the program {args[1]!r}"
+        if event in ("os.kill", "os.killpg"):
+            protected = args and args[0] in self.protected
+            return f"sending a signal to process {args[0]} (the grader)" if protected else None
+        if event in _SPAWN_EVENTS:
+            return f"starting a program ({event})"
+        return None
+
+    def _open_refusal(self, args: tuple) -> str | None:
+        """An `open` event that writes outside the root: "writing to <path>"."""
+        if len(args) >= 3 and _wants_write(args[1], args[2]) and not self.inside(args[0]):
+            return f"writing to {args[0] if isinstance(args[0], int) else os.fsdecode(args[0])}"
+        return None
+
+    def _path_refusal(self, event: str, args: tuple) -> str | None:
+        """A path event (remove, rename, mkdir, ...) with its first path argument outside the root."""
+        for i in _PATH_EVENTS[event]:
+            if i < len(args) and not self.inside(args[i]):
+                return f"{event} on {args[i]}"
+        return None
 
 
 def install(root: str) -> None:

@@ -44,17 +44,8 @@ def html_summary(rows: Sequence[Row]) -> str:
     by = {(r.student, r.lab, r.exercise): r for r in rows}
     head = "".join(f"<th>{html.escape(lab[:2])}<br>{html.escape(ex.removeprefix('check_'))}</th>"
                    for lab, ex in exercises)
-    body = []
-    for s in students:
-        mine = [by[(s, lab, ex)] for lab, ex in exercises if (s, lab, ex) in by]
-        passed = sum(r.verdict == "pass" for r in mine)
-        body.append(f"<tr><th>{html.escape(s)}</th><td>{passed} / {len(mine)}</td>"
-                    + "".join(_cell(by[(s, lab, ex)]) if (s, lab, ex) in by else "<td></td>"
-                              for lab, ex in exercises) + "</tr>")
-    details = "".join(f"<tr><td>{html.escape(r.student)}</td><td>{html.escape(r.lab)}</td>"
-                      f"<td>{html.escape(r.exercise)}</td><td>{html.escape(r.verdict)}</td>"
-                      f"<td>{html.escape('+'.join(r.failed))}</td><td>{html.escape(r.message)}</td></tr>"
-                      for r in rows if r.verdict not in ("pass", "not written"))
+    body = [_student_row(s, exercises, by) for s in students]
+    details = "".join(_detail_row(r) for r in rows if r.verdict not in ("pass", "not written"))
     legend = " ".join(f"<span style=\"background:{c};color:#fff;padding:0 .4em\">{v}</span>"
                       for v, c in COLOURS.items())
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>distlab grades</title><style>"
@@ -65,6 +56,22 @@ def html_summary(rows: Sequence[Row]) -> str:
             "(public / hidden: which kind of case failed; hover a cell for the check's message)</p>"
             f"<table><tr><th>student</th><th>pass</th>{head}</tr>{''.join(body)}</table>"
             f"<h2>What went wrong</h2>{_details_table(details)}</body></html>\n")
+
+
+def _student_row(student: str, exercises: list[tuple[str, str]], by: dict[tuple[str, str, str], Row]) -> str:
+    """One student's row of the summary: their count of passes, then a cell per exercise (empty if absent)."""
+    mine = [by[(student, lab, ex)] for lab, ex in exercises if (student, lab, ex) in by]
+    passed = sum(r.verdict == "pass" for r in mine)
+    return (f"<tr><th>{html.escape(student)}</th><td>{passed} / {len(mine)}</td>"
+            + "".join(_cell(by[(student, lab, ex)]) if (student, lab, ex) in by else "<td></td>"
+                      for lab, ex in exercises) + "</tr>")
+
+
+def _detail_row(r: Row) -> str:
+    """A row that did not pass, with its message, for the table of what went wrong."""
+    return (f"<tr><td>{html.escape(r.student)}</td><td>{html.escape(r.lab)}</td>"
+            f"<td>{html.escape(r.exercise)}</td><td>{html.escape(r.verdict)}</td>"
+            f"<td>{html.escape('+'.join(r.failed))}</td><td>{html.escape(r.message)}</td></tr>")
 
 
 def _details_table(details: str) -> str:

@@ -65,17 +65,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.command == "hang":
-        if args.world_size < 3:
-            p.error(f"--world-size {args.world_size}: use at least 3 ranks (with 2 there is no majority)")
-        rows = run_hangs(args.world_size, args.plantings, args.steps, args.seed)
-        hits = sum(bool(r["hit"]) for r in rows)
-        if args.json:
-            print(json.dumps({"plantings": rows, "hits": hits}, indent=2))
-        else:
-            for r in rows:
-                print(f"{r['planted']} -> {r['diagnosis']} [{'hit' if r['hit'] else 'MISS'}]")
-            print(f"named the planted rank and collective in {hits} of {len(rows)}")
-        return 0 if hits == len(rows) else 1
+        return _hang(p, args)
+    return _straggler(p, args)
+
+
+def _hang(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`hang`: run the plantings, print each diagnosis and the hit rate; 0 when every one is a hit."""
+    if args.world_size < 3:
+        p.error(f"--world-size {args.world_size}: use at least 3 ranks (with 2 there is no majority)")
+    rows = run_hangs(args.world_size, args.plantings, args.steps, args.seed)
+    hits = sum(bool(r["hit"]) for r in rows)
+    if args.json:
+        print(json.dumps({"plantings": rows, "hits": hits}, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['planted']} -> {r['diagnosis']} [{'hit' if r['hit'] else 'MISS'}]")
+        print(f"named the planted rank and collective in {hits} of {len(rows)}")
+    return 0 if hits == len(rows) else 1
+
+
+def _straggler(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`straggler`: slow one rank, print what the outlier rule finds; 0 when it finds exactly that rank."""
     if not 0 <= args.slow_rank < args.world_size or args.delay < 0:
         p.error(f"--slow-rank {args.slow_rank} must be a rank below --world-size {args.world_size}, and "
                 f"--delay {args.delay} >= 0")

@@ -61,16 +61,26 @@ def curve_from_trace(trace: Mapping[str, Any], baseline: int, device_type: int =
     """The curve of a Chrome trace with memory events (`device_type` 0: CPU, 1: CUDA) and
     `distlab:<phase>` ranges; `baseline` bytes were alive before profiling began."""
     events = trace.get("traceEvents", [])
-    mem = sorted((float(e["ts"]), int(e["args"]["Total Allocated"])) for e in events
-                 if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type)
-    ranges = {str(e["name"]).split(":", 1)[1]: (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-              for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("distlab:")}
+    mem = _memory_events(events, device_type)
+    ranges = _phase_ranges(events)
     if not mem or not ranges:
         raise ValueError("the trace has no memory events or no distlab:<phase> ranges: profile with "
                          "profile_memory=True around record_function('distlab:forward') etc.")
     t0 = min(a for a, _ in ranges.values())
     return MemoryCurve(tuple((t - t0) * 1e-6 for t, _ in mem), tuple(baseline + b for _, b in mem),
                        {p: ((a - t0) * 1e-6, (b - t0) * 1e-6) for p, (a, b) in ranges.items()})
+
+
+def _memory_events(events: list[dict[str, Any]], device_type: int) -> list[tuple[float, int]]:
+    """(timestamp in us, Total Allocated) of each "[memory]" event of `device_type`, in time order."""
+    return sorted((float(e["ts"]), int(e["args"]["Total Allocated"])) for e in events
+                  if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type)
+
+
+def _phase_ranges(events: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each `distlab:<phase>` range's (start, end) in us, by phase name."""
+    return {str(e["name"]).split(":", 1)[1]: (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("distlab:")}
 
 
 def snapshot_curve(snapshot: Mapping[str, Any], baseline: int = 0, device: int = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from distlab.observe.trace import Span
@@ -25,21 +26,14 @@ def trace_figure(by_rank: Mapping[int, Sequence[Span]], title: str, step: int = 
     """Step `step` of each rank (its `distlab:step` window; a trace without such ranges is one window from
     its first span to its last), a row per rank and thread; times in ms from the earliest start of that
     step on any rank."""
-    windows = {r: sorted((s.start, s.end) for s in sp if s.kind == "step")
-               or [(min(s.start for s in sp), max(s.end for s in sp))] for r, sp in by_rank.items()}
+    windows = {r: _step_windows(sp) for r, sp in by_rank.items()}
     if any(len(w) <= step for w in windows.values()):
         raise ValueError(f"step={step}: every rank's trace must hold at least {step + 1} step range(s)")
     t0 = min(w[step][0] for w in windows.values())
-    rows = [(r, row) for r, sp in sorted(by_rank.items())
-            for row in sorted({s.row for s in sp if s.kind != "step"})]
+    rows = _rows(by_rank)
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.38 * len(rows)))
     for y, (r, row) in enumerate(reversed(rows)):
-        a, b = windows[r][step]
-        for kind, colour in COLOURS.items():
-            bars = [(max(s.start, a) - t0, min(s.end, b) - max(s.start, a)) for s in by_rank[r]
-                    if s.row == row and s.kind == kind and s.end > a and s.start < b]
-            ax.broken_barh([(x * 1e3, w * 1e3) for x, w in bars], (y + 0.1, 0.8), color=colour)
-        ax.plot([(b - t0) * 1e3], [y + 0.5], marker="|", color="black", markersize=10)
+        _draw_row(ax, y, [s for s in by_rank[r] if s.row == row], windows[r][step], t0)
     ax.set_yticks([y + 0.5 for y in range(len(rows))], [f"rank {r} {row}" for r, row in reversed(rows)])
     ax.set_xlabel("ms from the step's start (| marks the rank's end of step); blue computation, orange "
                   "communication")
@@ -47,6 +41,29 @@ def trace_figure(by_rank: Mapping[int, Sequence[Span]], title: str, step: int = 
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _step_windows(rank_spans: Sequence[Span]) -> list[tuple[float, float]]:
+    """A rank's `distlab:step` windows in time order, or one window from its first span to its last."""
+    return (sorted((s.start, s.end) for s in rank_spans if s.kind == "step")
+            or [(min(s.start for s in rank_spans), max(s.end for s in rank_spans))])
+
+
+def _rows(by_rank: Mapping[int, Sequence[Span]]) -> list[tuple[int, str]]:
+    """(rank, row) of every row that holds a span other than a step, by rank then row name."""
+    return [(r, row) for r, sp in sorted(by_rank.items())
+            for row in sorted({s.row for s in sp if s.kind != "step"})]
+
+
+def _draw_row(ax: Axes, y: int, row_spans: Sequence[Span], window: tuple[float, float], t0: float) -> None:
+    """One row of `trace_figure` at height `y`: its spans clipped to `window` as bars of their kind's
+    colour (ms from `t0`), and a tick at the window's end."""
+    a, b = window
+    for kind, colour in COLOURS.items():
+        bars = [(max(s.start, a) - t0, min(s.end, b) - max(s.start, a)) for s in row_spans
+                if s.kind == kind and s.end > a and s.start < b]
+        ax.broken_barh([(x * 1e3, w * 1e3) for x, w in bars], (y + 0.1, 0.8), color=colour)
+    ax.plot([(b - t0) * 1e3], [y + 0.5], marker="|", color="black", markersize=10)
 
 
 @styled

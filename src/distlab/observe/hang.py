@@ -88,23 +88,33 @@ def diagnose(records: Mapping[int, Sequence[CollectiveRecord]]) -> Divergence | 
     if len(records) < 2:
         raise ValueError(f"records of {len(records)} rank(s): pass {{rank: records}} of at least 2 ranks")
     tables = {r: _by_seq(recs) for r, recs in records.items()}
+    for seq in _common_seqs(tables):
+        sigs = {r: (t[seq].signature if seq in t else None) for r, t in tables.items()}
+        if len(set(sigs.values())) > 1:
+            return _divergence(tables, sigs, seq)
+    return None
+
+
+def _common_seqs(tables: Mapping[int, dict[int, CollectiveRecord]]) -> range:
+    """The sequence numbers to compare: from the latest first entry of any rank to the last of any (none
+    when no rank has a record)."""
     nonempty = [t for t in tables.values() if t]
     if not nonempty:
-        return None
-    start = max(min(t) for t in nonempty)
-    end = max(max(t) for t in nonempty)
-    for seq in range(start, end + 1):
-        sigs = {r: (t[seq].signature if seq in t else None) for r, t in tables.items()}
-        if len(set(sigs.values())) == 1:
-            continue
-        want = _majority(tables, seq)
-        odd = tuple(sorted(r for r, s in sigs.items() if s != want))
-        if 2 * len(odd) == len(tables):  # no majority (two ranks): name the one that issued less
-            odd = (max(odd, key=lambda r: (-len(tables[r]), r)),)
-            want = next(sigs[r] for r in tables if r not in odd)
-        model = next(r for r in tables if sigs[r] == want)
-        majority = tables[model]
-        mine = tables[odd[0]].get(seq)
-        return Divergence(seq, odd, _kind(mine, seq, majority), mine.describe() if mine else None,
-                          majority[seq].describe() if seq in majority else None)
-    return None
+        return range(0)
+    return range(max(min(t) for t in nonempty), max(max(t) for t in nonempty) + 1)
+
+
+def _divergence(tables: Mapping[int, dict[int, CollectiveRecord]], sigs: Mapping[int, object],
+                seq: int) -> Divergence:
+    """The divergence at `seq`, where the ranks' signatures `sigs` differ: the odd rank(s) against the
+    majority."""
+    want = _majority(tables, seq)
+    odd = tuple(sorted(r for r, s in sigs.items() if s != want))
+    if 2 * len(odd) == len(tables):  # no majority (two ranks): name the one that issued less
+        odd = (max(odd, key=lambda r: (-len(tables[r]), r)),)
+        want = next(sigs[r] for r in tables if r not in odd)
+    model = next(r for r in tables if sigs[r] == want)
+    majority = tables[model]
+    mine = tables[odd[0]].get(seq)
+    return Divergence(seq, odd, _kind(mine, seq, majority), mine.describe() if mine else None,
+                      majority[seq].describe() if seq in majority else None)

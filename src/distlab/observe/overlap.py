@@ -43,14 +43,9 @@ class Overlap:
 def overlap(rank_spans: Sequence[Span], windows: Sequence[tuple[float, float]] | None = None) -> Overlap:
     """The breakdown of one rank's spans inside `windows` (default: its "step" spans, or else the
     extent of its spans)."""
-    if not rank_spans:
-        raise ValueError("no spans: pass the spans of one rank's trace (trace.spans)")
-    ranks = {s.rank for s in rank_spans}
-    if len(ranks) != 1:
-        raise ValueError(f"spans of ranks {sorted(ranks)}: pass one rank's spans at a time")
+    _check_one_rank(rank_spans)
     if windows is None:
-        windows = [(s.start, s.end) for s in rank_spans if s.kind == "step"] or \
-            [(min(s.start for s in rank_spans), max(s.end for s in rank_spans))]
+        windows = _default_windows(rank_spans)
     win = intervals.union(windows)
     comp = intervals.intersection([(s.start, s.end) for s in rank_spans if s.kind == "compute"], win)
     comm_spans = [(s.start, s.end) for s in rank_spans if s.kind == "comm"]
@@ -60,4 +55,24 @@ def overlap(rank_spans: Sequence[Span], windows: Sequence[tuple[float, float]] |
                    intervals.length(intervals.intersection(comm, comp)),
                    intervals.length(intervals.difference(comm, comp)),
                    intervals.length(intervals.difference(win, busy)),
-                   sum(1 for a, _ in comm_spans if any(w0 <= a < w1 for w0, w1 in win)))
+                   _started_inside(comm_spans, win))
+
+
+def _check_one_rank(rank_spans: Sequence[Span]) -> None:
+    """Raise ValueError unless `rank_spans` holds spans, all of one rank."""
+    if not rank_spans:
+        raise ValueError("no spans: pass the spans of one rank's trace (trace.spans)")
+    ranks = {s.rank for s in rank_spans}
+    if len(ranks) != 1:
+        raise ValueError(f"spans of ranks {sorted(ranks)}: pass one rank's spans at a time")
+
+
+def _default_windows(rank_spans: Sequence[Span]) -> list[tuple[float, float]]:
+    """The rank's "step" spans, or else one window from its first span's start to its last span's end."""
+    return [(s.start, s.end) for s in rank_spans if s.kind == "step"] or \
+        [(min(s.start for s in rank_spans), max(s.end for s in rank_spans))]
+
+
+def _started_inside(spans: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]]) -> int:
+    """How many of `spans` start inside one of `windows`."""
+    return sum(1 for a, _ in spans if any(w0 <= a < w1 for w0, w1 in windows))

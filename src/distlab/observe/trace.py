@@ -104,14 +104,21 @@ def spans(trace: Mapping[str, Any], rank: int) -> list[Span]:
         kind = _kind(e, main, gpu)
         if kind is None or (kind == "compute" and id(e) in holders):
             continue
-        tid = e.get("tid")
-        if tid not in names:
-            others = sum(1 for n in names.values() if n.startswith("thread"))
-            names[tid] = "main" if tid == main else \
-                (f"stream {tid}" if e.get("cat") == "kernel" else f"thread {others + 1}")
         start = float(e["ts"]) * 1e-6
-        out.append(Span(rank, names[tid], str(e["name"]), start, start + float(e["dur"]) * 1e-6, kind))
+        out.append(Span(rank, _row(names, e, main), str(e["name"]), start, start + float(e["dur"]) * 1e-6,
+                        kind))
     return out
+
+
+def _row(names: dict[Any, str], e: Mapping[str, Any], main: Any) -> str:
+    """The row of event `e`: "main", "stream N" or "thread N" (numbered in order of first appearance,
+    noted in `names`, thread id -> row)."""
+    tid = e.get("tid")
+    if tid not in names:
+        others = sum(1 for n in names.values() if n.startswith("thread"))
+        names[tid] = "main" if tid == main else \
+            (f"stream {tid}" if e.get("cat") == "kernel" else f"thread {others + 1}")
+    return names[tid]
 
 
 def merge(traces: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
