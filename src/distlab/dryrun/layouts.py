@@ -30,7 +30,7 @@ from distlab.memory.estimate.estimator import MemoryConfig
 from distlab.model_shape import ModelShape
 from distlab.models import GPTConfig
 from distlab.parallel3d.config import Plan3D, block_ranges, check_plan
-from distlab.plan.inputs import preset
+from distlab.plan.inputs import ModelSpec, preset
 from distlab.plan.published import RUNS, lookup
 
 __all__ = ["DryLayout", "dry_run_names", "estimator_config", "from_published"]
@@ -96,14 +96,14 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
                          f"trainer does not have; choose one of {', '.join(dry_run_names())}")
     spec = preset(run.model)
     depth = spec.layers if layers is None else layers
-    if isinstance(depth, bool) or not isinstance(depth, int) or not run.pp <= depth <= spec.layers:
+    if not _whole_in(depth, run.pp, spec.layers):
         raise ValueError(f"layers={layers!r} must be a whole number from pp={run.pp} (one block per "
                          f"stage) to the model's {spec.layers}; or leave it out for the full depth")
     vocab = -(-spec.vocab // run.tp) * run.tp
     config = replace(spec.model_shape.in_gpt_block(), layers=depth, vocab=vocab).to_gpt_config(dropout=0.0)
     m = run.batch // (run.dp * run.micro_batch)
     if microbatches is not None:
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or not 1 <= microbatches <= m:
+        if not _whole_in(microbatches, 1, m):
             raise ValueError(f"microbatches={microbatches!r} must be a whole number from 1 to the run's "
                              f"m={m}; or leave it out for the published batch")
         m = microbatches
@@ -111,12 +111,21 @@ def from_published(name: str, layers: int | None = None, microbatches: int | Non
     plan = Plan3D(dp=run.dp, pp=run.pp, tp=run.tp, m=m, schedule="1f1b", zero_stage=run.zero,
                   sequence_parallel=False)
     check_plan(plan, config, batch, spec.seq, plan.world_size)
-    note = run.note
+    return DryLayout(name, config, plan, batch, spec.seq, f"{run.source}, {run.where}",
+                     _shape_note(run.note, spec), run.gpu, run.cluster().memory_bytes)
+
+
+def _whole_in(x: object, low: int, high: int) -> bool:
+    """Whether `x` is an int (not a bool) from `low` to `high`."""
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def _shape_note(note: str, spec: ModelSpec) -> str:
+    """The run's note, plus a word where the course's GPT block differs from the paper's."""
     if spec.gated or spec.kv_heads not in (None, spec.heads) or not spec.tied:
         note = (f"{note}; " if note else "") + ("its shape in the course's GPT block (the paper's block "
                                                 "has SwiGLU, grouped-query attention, untied output)")
-    return DryLayout(name, config, plan, batch, spec.seq, f"{run.source}, {run.where}", note, run.gpu,
-                     run.cluster().memory_bytes)
+    return note
 
 
 def estimator_config(layout: DryLayout, attention: str = "flash") -> MemoryConfig:

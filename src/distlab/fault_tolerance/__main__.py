@@ -76,25 +76,38 @@ def heal(args: argparse.Namespace) -> dict[str, Any]:
     config.check()
     logs = run_replicas(task, config)
     alive = [log for log in logs if isinstance(log, ReplicaLog)]
-    first = next((log for log in alive if len(log.losses) == config.steps), None)
-    if first is None:
-        raise ValueError(f"no replica finished all {config.steps} steps: {logs}")
+    first = _first_finished(alive, logs, config)
     members = [first.members[t] for t in range(config.steps)]
-    ref = ft_parity.survivors_reference(task, members, config.per_replica, config.replicas, args.seed)
     ours = [first.losses[t] for t in range(config.steps)]
-    report = parity.compare({"losses": ours, "parameters": first.params},
-                            {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
-                            label=f"replica {first.replica}", against="one process on the quorums' data")
-    same = [parity.compare(log.params, first.params, dtype=torch.float32, label=f"replica {log.replica}",
-                           against=f"replica {first.replica}") for log in alive if log is not first]
+    reports = _heal_reports(task, config, args.seed, alive, first, members, ours)
     return {"replicas": config.replicas, "steps": config.steps, "kill": config.kill, "join": config.join,
             "ended": {i: _ended(log, i, config) for i, log in enumerate(logs)
                       if isinstance(log, launch.RankError)},
             "members": [list(m) for m in members], "losses": ours,
             "redone_rounds": first.failed_rounds, "detect_s": first.detect_s,
             "heal_s": {log.replica: log.heal_s for log in alive if log.heal_s is not None},
-            "verdicts": [r.verdict() for r in (report, *same)],
-            "passed": report.passed and all(r.passed for r in same)}
+            "verdicts": [r.verdict() for r in reports],
+            "passed": all(r.passed for r in reports)}
+
+
+def _first_finished(alive: list[ReplicaLog], logs: list, config: ReplicaConfig) -> ReplicaLog:
+    """The first replica that committed every step, or a ValueError showing what each one did."""
+    first = next((log for log in alive if len(log.losses) == config.steps), None)
+    if first is None:
+        raise ValueError(f"no replica finished all {config.steps} steps: {logs}")
+    return first
+
+
+def _heal_reports(task: Any, config: ReplicaConfig, seed: int, alive: list[ReplicaLog], first: ReplicaLog,
+                  members: list, ours: list[float]) -> list[parity.ParityReport]:
+    """`first` against one process on the quorums' data, then every other survivor against `first`."""
+    ref = ft_parity.survivors_reference(task, members, config.per_replica, config.replicas, seed)
+    report = parity.compare({"losses": ours, "parameters": first.params},
+                            {"losses": ref.losses, "parameters": ref.params}, dtype=torch.float32,
+                            label=f"replica {first.replica}", against="one process on the quorums' data")
+    same = [parity.compare(log.params, first.params, dtype=torch.float32, label=f"replica {log.replica}",
+                           against=f"replica {first.replica}") for log in alive if log is not first]
+    return [report, *same]
 
 
 def _ended(error: launch.RankError, replica: int, config: ReplicaConfig) -> str:

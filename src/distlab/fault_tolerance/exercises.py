@@ -83,28 +83,36 @@ def check_outer_step(fn: Callable[..., tuple[Tensor, Tensor]],
     """`fn(theta, thetas, buffer, lr, mu)` must return DiLoCo's new global parameters and momentum buffer
     (`outer_step_reference`), in float64 within 1e-12; `buffer` is None in the first round. `settings`:
     (R, lr, mu, whether a buffer exists), default `OUTER_CASES`."""
-    cases = []
-    for r, lr, mu, has_buffer in settings:
-        gen = torch.Generator().manual_seed(r)
-        theta = torch.randn(5, generator=gen, dtype=torch.float64)
-        thetas = [theta - 0.1 * torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(r)]
-        buffer = torch.randn(5, generator=gen, dtype=torch.float64) if has_buffer else None
-        label = f"R={r}, lr={lr:g}, mu={mu:g}, " + ("a buffer" if has_buffer else "first round")
-        want_theta, want_buffer = outer_step_reference(theta, thetas, buffer, lr, mu)
-        try:
-            got_theta, got_buffer = fn(theta.clone(), [t.clone() for t in thetas],
-                                       None if buffer is None else buffer.clone(), lr, mu)
-        except NotImplementedError:  # the student version's stub
-            cases.append(not_written(label))
-            continue
-        lines = []
-        if not (isinstance(got_theta, Tensor) and got_theta.shape == theta.shape
-                and torch.allclose(got_theta, want_theta, rtol=0, atol=1e-12)):
-            ok_shape = isinstance(got_theta, Tensor) and got_theta.shape == theta.shape
-            got = got_theta if ok_shape else torch.full_like(theta, float("nan"))
-            lines.append("new theta: " + _outer_mistake(got, theta, thetas, buffer, lr, mu))
-        if mu and not (isinstance(got_buffer, Tensor) and torch.allclose(got_buffer, want_buffer, rtol=0,
-                                                                            atol=1e-12)):
-            lines.append("new buffer: expected mu b + Delta (Delta itself in the first round)")
-        cases.append(CaseResult(label, not lines, lines))
+    cases = [_outer_case(fn, r, lr, mu, has_buffer) for r, lr, mu, has_buffer in settings]
     return CheckResult("DiLoCo's outer step", cases, case_heading="case")
+
+
+def _outer_case(fn: Callable[..., tuple[Tensor, Tensor]], r: int, lr: float, mu: float,
+                has_buffer: bool) -> CaseResult:
+    """One setting of `check_outer_step`: `fn`'s answer for R seeded replicas against the reference."""
+    theta, thetas, buffer = _outer_inputs(r, has_buffer)
+    label = f"R={r}, lr={lr:g}, mu={mu:g}, " + ("a buffer" if has_buffer else "first round")
+    want_theta, want_buffer = outer_step_reference(theta, thetas, buffer, lr, mu)
+    try:
+        got_theta, got_buffer = fn(theta.clone(), [t.clone() for t in thetas],
+                                   None if buffer is None else buffer.clone(), lr, mu)
+    except NotImplementedError:  # the student version's stub
+        return not_written(label)
+    lines = []
+    ok_shape = isinstance(got_theta, Tensor) and got_theta.shape == theta.shape
+    if not (ok_shape and torch.allclose(got_theta, want_theta, rtol=0, atol=1e-12)):
+        got = got_theta if ok_shape else torch.full_like(theta, float("nan"))
+        lines.append("new theta: " + _outer_mistake(got, theta, thetas, buffer, lr, mu))
+    if mu and not (isinstance(got_buffer, Tensor) and torch.allclose(got_buffer, want_buffer, rtol=0,
+                                                                        atol=1e-12)):
+        lines.append("new buffer: expected mu b + Delta (Delta itself in the first round)")
+    return CaseResult(label, not lines, lines)
+
+
+def _outer_inputs(r: int, has_buffer: bool) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    """The global parameters, R replicas' parameters near them and a buffer (or None), seeded by R."""
+    gen = torch.Generator().manual_seed(r)
+    theta = torch.randn(5, generator=gen, dtype=torch.float64)
+    thetas = [theta - 0.1 * torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(r)]
+    buffer = torch.randn(5, generator=gen, dtype=torch.float64) if has_buffer else None
+    return theta, thetas, buffer

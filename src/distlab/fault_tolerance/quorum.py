@@ -203,6 +203,14 @@ class QuorumClient:
         return Quorum.decode(round_, self.store.get(f"r{round_}/quorum").decode())
 
     def _propose(self, round_: int) -> None:
+        present = self._wait_for_min(round_)
+        steps = [int(self.store.get(f"r{round_}/in/{i}")) for i in present]
+        proposal = Quorum(round_, self._quorum_id(round_, present), tuple(present), tuple(steps)).encode()
+        self.store.compare_set(f"r{round_}/quorum", "", proposal)  # the first proposal stays
+        self.store.set("latest", str(round_ + 1))  # the round a replica outside the quorum checks in at
+
+    def _wait_for_min(self, round_: int) -> list[int]:
+        """The replicas checked in at round `round_`, once min_replicas have (else a QuorumError)."""
         present = [i for i in range(self.replicas) if self._has(f"r{round_}/in/{i}")]
         start = time.monotonic()
         while len(present) < self.min_replicas:
@@ -212,15 +220,15 @@ class QuorumClient:
                                   "min_replicas")
             time.sleep(POLL)
             present = [i for i in range(self.replicas) if self._has(f"r{round_}/in/{i}")]
-        steps = [int(self.store.get(f"r{round_}/in/{i}")) for i in present]
-        qid = round_
+        return present
+
+    def _quorum_id(self, round_: int, present: list[int]) -> int:
+        """The last round's quorum id where the same members' last collective worked, else a new one."""
         if round_ > 0 and self._has(f"r{round_ - 1}/quorum") and self._has(f"r{round_ - 1}/decision"):
             prev = Quorum.decode(round_ - 1, self.store.get(f"r{round_ - 1}/quorum").decode())
             if prev.members == tuple(present) and self.store.get(f"r{round_ - 1}/decision").decode() != REDO:
-                qid = prev.quorum_id  # the group's last collective worked: keep it
-        proposal = Quorum(round_, qid, tuple(present), tuple(steps)).encode()
-        self.store.compare_set(f"r{round_}/quorum", "", proposal)  # the first proposal stays
-        self.store.set("latest", str(round_ + 1))  # the round a replica outside the quorum checks in at
+                return prev.quorum_id  # the group's last collective worked: keep it
+        return round_
 
     def finish(self, steps: int) -> None:
         """Say that the run is over, after `steps` steps: a replica still outside the quorum then has

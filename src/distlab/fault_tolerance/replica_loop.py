@@ -186,20 +186,29 @@ def _simulate(recipe: Recipe, task: Task, replicas: int, steps: int, global_batc
     inners = [inner_optimizer(recipe, list(m.parameters())) for m in models]
     names = [n for n, _ in models[0].named_parameters()]
     fragments, offsets = _fragments(recipe, models[0], names)
-    global_params = [{n: q.detach().clone() for n, q in models[0].named_parameters() if n in f}
-                     for f in fragments]
+    global_params = _global_copies(models[0], fragments)
     buffers: list[dict[str, Tensor]] = [{} for _ in fragments]
     losses: list[list[float]] = [[] for _ in range(replicas)]
     last: dict[str, Tensor] = {}
     for s in range(steps):
         _backward_on_shards(task, models, inners, s, global_batch, seed, losses)
-        if recipe.method == "dp":
-            _average_gradients(models)
-        for inner in inners:
-            inner.step()
+        _inner_steps(recipe, models, inners)
         if recipe.method != "dp":
             last |= _outer_steps(recipe, s, offsets, models, global_params, buffers)
     return _runs(models, losses, names, last)
+
+
+def _global_copies(model: nn.Module, fragments: list[list[str]]) -> list[dict[str, Tensor]]:
+    """The global parameters of each fragment: copies of `model`'s, by name."""
+    return [{n: q.detach().clone() for n, q in model.named_parameters() if n in f} for f in fragments]
+
+
+def _inner_steps(recipe: Recipe, models: list[nn.Module], inners: list[Optimizer]) -> None:
+    """Every replica's inner optimizer step, after averaging the gradients for dp."""
+    if recipe.method == "dp":
+        _average_gradients(models)
+    for inner in inners:
+        inner.step()
 
 
 def _fragments(recipe: Recipe, model: nn.Module, names: list[str]) -> tuple[list[list[str]], list[int]]:

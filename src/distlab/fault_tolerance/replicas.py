@@ -83,6 +83,10 @@ class ReplicaConfig:
         _check_seconds("collective_timeout", self.collective_timeout,
                        "how long a gradient all-reduce or a heal waits for a peer, e.g. 5.0")
         self._check_events()
+        self._check_reachable()
+
+    def _check_reachable(self) -> None:
+        """min_replicas against the replicas that start (a joiner starts late) and those left after a kill."""
         starting = self.replicas - (self.join is not None)
         if self.join is not None and starting < self.min_replicas:
             raise ValueError(f"min_replicas={self.min_replicas} is never reached: join={self.join} keeps "
@@ -95,19 +99,27 @@ class ReplicaConfig:
     def _check_events(self) -> None:
         """kill, join and pause: a replica slot and a step inside the run, each event on its own slot."""
         for name, last in (("kill", self.steps - 1), ("join", self.steps - 1), ("pause", self.steps - 2)):
-            event = getattr(self, name)
-            if event is None:
-                continue
-            first, size = (1, 2) if name != "pause" else (0, 3)
-            shape = "(replica, step)" if size == 2 else "(replica, step, seconds)"
-            if not isinstance(event, tuple) or len(event) != size \
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in event[:2]) \
-                    or not (0 <= event[0] < self.replicas and first <= event[1] <= last):
-                raise ValueError(f"{name}={event!r} must be {shape} with a replica from 0 to "
-                                 f"{self.replicas - 1} and a step from {first} to {last}")
+            self._check_event(name, last)
         if self.pause is not None:
             _check_seconds(f"pause={self.pause!r}: its seconds", self.pause[2],
                            "e.g. 4.0, longer than heartbeat_timeout so that the others give up on it")
+        self._check_own_slots()
+
+    def _check_event(self, name: str, last: int) -> None:
+        """Event `name` (None, or a tuple of a replica slot and a step from its first to `last`)."""
+        event = getattr(self, name)
+        if event is None:
+            return
+        first, size = (1, 2) if name != "pause" else (0, 3)
+        shape = "(replica, step)" if size == 2 else "(replica, step, seconds)"
+        if not isinstance(event, tuple) or len(event) != size \
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in event[:2]) \
+                or not (0 <= event[0] < self.replicas and first <= event[1] <= last):
+            raise ValueError(f"{name}={event!r} must be {shape} with a replica from 0 to "
+                             f"{self.replicas - 1} and a step from {first} to {last}")
+
+    def _check_own_slots(self) -> None:
+        """No two of kill, join and pause on the same replica slot."""
         slots = [(n, e[0]) for n, e in (("kill", self.kill), ("join", self.join), ("pause", self.pause)) if e]
         for a, (name, slot) in enumerate(slots):
             for other, slot2 in slots[a + 1:]:

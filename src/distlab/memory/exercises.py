@@ -120,38 +120,40 @@ def _segment_case(fn: Callable[[int], Sequence[int]], n: int) -> CaseResult:
         if is_stub(e):
             return not_written(label)
         return CaseResult(label, False, [f"your function raised {type(e).__name__}: {e}"])
-    if not segments or any(not isinstance(k, int) or k < 1 for k in segments):
-        return CaseResult(
-            label,
-            False,
-            [f"you returned {segments}; return a list of positive whole numbers of layers, one per segment"],
-        )
-    if sum(segments) != n:
-        return CaseResult(
-            label,
-            False,
-            [
-                f"your segments {segments} add up to {sum(segments)} layers; they must "
-                f"cover all {n} layers exactly once"
-            ],
-        )
+    problem = _segments_problem(segments, n)
+    if problem:
+        return CaseResult(label, False, [problem])
     cost, best = segment_peak_units(segments), best_segment_cost(n)
     if cost <= best:
         return CaseResult(label, True)
     lines = [
         f"{len(segments)} segments, longest {max(segments)}: cost {len(segments)} kept inputs + "
-        f"{max(segments)} recomputed = {cost} layers of activations; the best is {best}"
+        f"{max(segments)} recomputed = {cost} layers of activations; the best is {best}",
+        _segment_hint(segments, n),
     ]
-    if len(segments) == 1 and n > 2:
-        lines.append("one segment keeps a single input but recomputes the whole model at once")
-    elif max(segments) == 1 and n > 2:
-        lines.append("segments of one layer are per-layer checkpointing: every layer's input is kept")
-    else:
-        lines.append(
-            f"aim for about sqrt({n}) = {math.sqrt(n):.1f} segments of about sqrt(n) layers, "
-            "as even as possible"
-        )
     return CaseResult(label, False, lines)
+
+
+def _segments_problem(segments: list, n: int) -> str:
+    """Why `segments` is not a segmentation of n layers ("" when it is one)."""
+    if not segments or any(not isinstance(k, int) or k < 1 for k in segments):
+        return f"you returned {segments}; return a list of positive whole numbers of layers, one per segment"
+    if sum(segments) != n:
+        return (
+            f"your segments {segments} add up to {sum(segments)} layers; they must "
+            f"cover all {n} layers exactly once"
+        )
+    return ""
+
+
+def _segment_hint(segments: list[int], n: int) -> str:
+    """What to change in a segmentation of n layers that costs more than the best."""
+    if len(segments) == 1 and n > 2:
+        return "one segment keeps a single input but recomputes the whole model at once"
+    if max(segments) == 1 and n > 2:
+        return "segments of one layer are per-layer checkpointing: every layer's input is kept"
+    return (f"aim for about sqrt({n}) = {math.sqrt(n):.1f} segments of about sqrt(n) layers, "
+            "as even as possible")
 
 
 def check_sqrt_segments(

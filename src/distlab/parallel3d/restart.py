@@ -110,23 +110,11 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(args.dir)
         root.mkdir(parents=True, exist_ok=True)
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        found = checkpoint.latest(root)
-        if found is not None and args.kill_at_step >= 0 and _step_of(found) > args.kill_at_step:
-            raise SystemExit(f"--kill-at-step={args.kill_at_step}: the newest checkpoint in --dir={root} is "
-                             f"{found.name}, past the fault, so this run would inject nothing; use a fresh "
-                             "--dir (or delete this one)")
-        resumed = checkpoint.load(trainer, mesh, found) if found is not None else 0
+        resumed = _resume(trainer, mesh, root, args.kill_at_step)
         log, losses = root / "losses.jsonl", []
         while trainer.step < args.steps:
-            if attempt == 0 and trainer.step == args.kill_at_step and dist.get_rank() == args.kill_rank:
-                os.kill(os.getpid(), signal.SIGKILL)
             step = trainer.step
-            try:
-                loss = trainer.global_loss(trainer.train_step(*global_batch(cfg, data, step)))
-            except RuntimeError as lost:
-                if attempt > 0 or args.kill_at_step < 0:
-                    raise
-                _await_restart(lost, step, args.kill_rank)
+            loss = _train_step(trainer, cfg, data, args, attempt)
             losses.append(loss)
             if dist.get_rank() == 0:
                 with log.open("a") as fh:
@@ -134,17 +122,48 @@ def main(argv: list[str] | None = None) -> None:
                     fh.write(json.dumps(row) + "\n")
             if args.every and trainer.step % args.every == 0 and trainer.step < args.steps:
                 checkpoint.save(trainer, mesh, checkpoint.step_dir(root, trainer.step))
-        if args.report_dir is not None:
-            out = Path(args.report_dir) / f"rank_{dist.get_rank()}.json"
-            out.write_text(json.dumps({**placement(mesh), "losses": losses}))
-        if dist.get_rank() == 0:
-            (root / "report.json").write_text(json.dumps({"run": run_id, "attempt": attempt,
-                                                          "resumed_from": resumed}))
-            print(describe(summarize(root), root), flush=True)
+        _report(args.report_dir, mesh, losses, root,
+                {"run": run_id, "attempt": attempt, "resumed_from": resumed})
         trainer.close()
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _resume(trainer: Trainer3D, mesh: object, root: Path, kill_at_step: int) -> int:
+    """Load the newest checkpoint under `root`, if any, refusing one already past the fault; the step it
+    ends (0: none)."""
+    found = checkpoint.latest(root)
+    if found is not None and kill_at_step >= 0 and _step_of(found) > kill_at_step:
+        raise SystemExit(f"--kill-at-step={kill_at_step}: the newest checkpoint in --dir={root} is "
+                         f"{found.name}, past the fault, so this run would inject nothing; use a fresh "
+                         "--dir (or delete this one)")
+    return checkpoint.load(trainer, mesh, found) if found is not None else 0
+
+
+def _train_step(trainer: Trainer3D, cfg: TrainConfig, data: torch.Tensor, args: argparse.Namespace,
+                attempt: int) -> float:
+    """One step and its global loss; the injected fault kills rank --kill-rank first, on attempt 0."""
+    if attempt == 0 and trainer.step == args.kill_at_step and dist.get_rank() == args.kill_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    step = trainer.step
+    try:
+        return trainer.global_loss(trainer.train_step(*global_batch(cfg, data, step)))
+    except RuntimeError as lost:
+        if attempt > 0 or args.kill_at_step < 0:
+            raise
+        _await_restart(lost, step, args.kill_rank)
+
+
+def _report(report_dir: str | None, mesh: object, losses: list[float], root: Path, run: dict) -> None:
+    """Every rank's placement and losses under `report_dir` (None: not written); rank 0's report.json
+    (`run`: run id, attempt, resumed_from) and its printed summary."""
+    if report_dir is not None:
+        out = Path(report_dir) / f"rank_{dist.get_rank()}.json"
+        out.write_text(json.dumps({**placement(mesh), "losses": losses}))
+    if dist.get_rank() == 0:
+        (root / "report.json").write_text(json.dumps(run))
+        print(describe(summarize(root), root), flush=True)
 
 
 def _await_restart(lost: RuntimeError, step: int, kill_rank: int, wait: float = 60.0) -> NoReturn:

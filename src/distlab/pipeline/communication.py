@@ -47,20 +47,24 @@ def add_communication(name: str, orders: Sequence[Sequence[Action]], p: int, m: 
     check_compute_order(name, orders, p, v, placement)
     if rendezvous_safe:
         return Schedule(name, p, m, v, _lockstep_lists(orders, p, v, placement), placement)
+    lists = tuple(_with_messages(orders[r], r, p, v, placement) for r in range(p))
+    return Schedule(name, p, m, v, lists, placement)
+
+
+def _with_messages(order: Sequence[Action], r: int, p: int, v: int, placement: str) -> tuple[Action, ...]:
+    """Rank r's compute order with each receive right before the action that needs it and each send
+    right after the action that produces it."""
     S = p * v
-    lists: list[tuple[Action, ...]] = []
-    for r in range(p):
-        out: list[Action] = []
-        for a in orders[r]:
-            kind, step = FLOWS.get(a.op, (None, 0))
-            prev, nxt = a.stage - step, a.stage + step
-            if kind and 0 <= prev < S and stage_rank(prev, p, placement) != r:
-                out.append(Action(f"recv_{kind}", a.microbatch, a.stage, peer=stage_rank(prev, p, placement)))
-            out.append(Action(a.op, a.microbatch, a.stage))
-            if kind and 0 <= nxt < S and stage_rank(nxt, p, placement) != r:
-                out.append(Action(f"send_{kind}", a.microbatch, a.stage, peer=stage_rank(nxt, p, placement)))
-        lists.append(tuple(out))
-    return Schedule(name, p, m, v, tuple(lists), placement)
+    out: list[Action] = []
+    for a in order:
+        kind, step = FLOWS.get(a.op, (None, 0))
+        prev, nxt = a.stage - step, a.stage + step
+        if kind and 0 <= prev < S and stage_rank(prev, p, placement) != r:
+            out.append(Action(f"recv_{kind}", a.microbatch, a.stage, peer=stage_rank(prev, p, placement)))
+        out.append(Action(a.op, a.microbatch, a.stage))
+        if kind and 0 <= nxt < S and stage_rank(nxt, p, placement) != r:
+            out.append(Action(f"send_{kind}", a.microbatch, a.stage, peer=stage_rank(nxt, p, placement)))
+    return tuple(out)
 
 
 def _ready_in_lockstep(a: Action, S: int, done: set, have: set) -> bool:
@@ -126,31 +130,44 @@ def check_compute_order(name: str, orders: Sequence[Sequence[Action]], p: int, v
                          "return one list per rank")
     for r, order in enumerate(orders):
         for i, a in enumerate(order):
-            if a.op not in REQUIRES:
-                raise ValueError(f"{name}: rank {r}, action {i} has op {a.op!r}; a compute order holds only "
-                                 f"the ops {sorted(REQUIRES)} (the messages are added by add_communication)")
-            if not 0 <= a.stage < p * v or stage_rank(a.stage, p, placement) != r:
-                where = ("is not a stage" if not 0 <= a.stage < p * v
-                         else f"lives on rank {stage_rank(a.stage, p, placement)}")
-                raise ValueError(f"{name}: rank {r}, action {i} ({a.op}{a.microbatch} of stage {a.stage}): "
-                                 f"stage {a.stage} {where} with p={p}, v={v} and the {placement!r} "
-                                 "placement; "
-                                 "a rank runs only the stages it holds")
+            _check_compute_action(name, r, i, a, p, v, placement)
     S = p * v
     done: set[tuple[str, int, int]] = set()
     pos = [0] * p
     while any(pos[r] < len(orders[r]) for r in range(p)):
-        ran = []
-        for r in range(p):
-            if pos[r] == len(orders[r]):
-                continue
-            a = orders[r][pos[r]]
-            if all(need in done for need in prerequisites(a, S)):
-                ran.append((a.op, a.microbatch, a.stage))
-                pos[r] += 1
+        ran = _tick(orders, pos, done, S)
         if not ran:
             raise DeadlockError(_deadlock_message(name, orders, pos, done, S))
         done.update(ran)
+
+
+def _check_compute_action(name: str, r: int, i: int, a: Action, p: int, v: int, placement: str) -> None:
+    """Action i of rank r's compute order: a compute op, of a stage that rank r holds."""
+    if a.op not in REQUIRES:
+        raise ValueError(f"{name}: rank {r}, action {i} has op {a.op!r}; a compute order holds only "
+                         f"the ops {sorted(REQUIRES)} (the messages are added by add_communication)")
+    if not 0 <= a.stage < p * v or stage_rank(a.stage, p, placement) != r:
+        where = ("is not a stage" if not 0 <= a.stage < p * v
+                 else f"lives on rank {stage_rank(a.stage, p, placement)}")
+        raise ValueError(f"{name}: rank {r}, action {i} ({a.op}{a.microbatch} of stage {a.stage}): "
+                         f"stage {a.stage} {where} with p={p}, v={v} and the {placement!r} "
+                         "placement; "
+                         "a rank runs only the stages it holds")
+
+
+def _tick(orders: Sequence[Sequence[Action]], pos: list[int], done: set[tuple[str, int, int]],
+          S: int) -> list[tuple[str, int, int]]:
+    """One lock-step tick: every rank whose next action's prerequisites are done runs it (advancing
+    `pos`); the actions that ran."""
+    ran = []
+    for r, order in enumerate(orders):
+        if pos[r] == len(order):
+            continue
+        a = order[pos[r]]
+        if all(need in done for need in prerequisites(a, S)):
+            ran.append((a.op, a.microbatch, a.stage))
+            pos[r] += 1
+    return ran
 
 
 _WHAT = {"F": "activation", "B": "gradient"}

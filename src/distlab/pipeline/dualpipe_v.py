@@ -103,6 +103,13 @@ def _rank_slots(p: int, m: int, r: int) -> list[Slot]:
         k.add(k.forward(up) + k.backward(down))
     for _ in range(p - r - 1):                                  # 5. B1 (F1 & B0)
         k.add(k.backward(up), k.forward(up) + k.backward(down))
+    _cool_down(k, p, r)
+    return k.slots
+
+
+def _cool_down(k: _Rank, p: int, r: int) -> None:
+    """Phases 6 to 8 of rank r's slots: the backwards left, the zero-bubble B/W split, the owed W's."""
+    down, up = k.down, k.up
     zero_bubble = False
     for i in range(r + 1):                                      # 6. B1 B0, zero bubble from half-way
         zero_bubble |= i == (r + 1) // 2 and r % 2 == 1
@@ -113,7 +120,6 @@ def _rank_slots(p: int, m: int, r: int) -> list[Slot]:
         k.add(k.weight(), k.backward(down, full=not zero_bubble))
     for _ in range(r + 1):                                      # 8. the W's still owed
         k.add(k.weight())
-    return k.slots
 
 
 def dualpipev_slots(p: int, m: int) -> list[list[Slot]]:
@@ -145,21 +151,22 @@ def dualpipev_schedule(p: int, m: int, rendezvous_safe: bool = False) -> Schedul
     if rendezvous_safe:
         return add_communication("dualpipev", orders, p, m, 2, True, "v")
     check_compute_order("dualpipev", orders, p, 2, "v")
-    lists = []
-    for r, rank_slots in enumerate(slots):
-        out: list[Action] = []
-        for slot in rank_slots:
-            recvs, sends = [], []
-            for a in slot:
-                kind, step = FLOWS.get(a.op, (None, 0))
-                prev, nxt = a.stage - step, a.stage + step
-                if kind and 0 <= prev < 2 * p and stage_rank(prev, p, "v") != r:
-                    recvs.append(Action(f"recv_{kind}", a.microbatch, a.stage, peer=stage_rank(prev, p, "v")))
-                if kind and 0 <= nxt < 2 * p and stage_rank(nxt, p, "v") != r:
-                    sends.append(Action(f"send_{kind}", a.microbatch, a.stage, peer=stage_rank(nxt, p, "v")))
-            out += recvs + [Action(a.op, a.microbatch, a.stage) for a in slot] + sends
-        lists.append(tuple(out))
-    return Schedule("dualpipev", p, m, 2, tuple(lists), "v")
+    lists = tuple(tuple(a for slot in rank_slots for a in _slot_with_messages(slot, r, p))
+                  for r, rank_slots in enumerate(slots))
+    return Schedule("dualpipev", p, m, 2, lists, "v")
+
+
+def _slot_with_messages(slot: Slot, r: int, p: int) -> list[Action]:
+    """Rank r's slot with the receives its actions need posted before it and their sends after it."""
+    recvs, sends = [], []
+    for a in slot:
+        kind, step = FLOWS.get(a.op, (None, 0))
+        prev, nxt = a.stage - step, a.stage + step
+        if kind and 0 <= prev < 2 * p and stage_rank(prev, p, "v") != r:
+            recvs.append(Action(f"recv_{kind}", a.microbatch, a.stage, peer=stage_rank(prev, p, "v")))
+        if kind and 0 <= nxt < 2 * p and stage_rank(nxt, p, "v") != r:
+            sends.append(Action(f"send_{kind}", a.microbatch, a.stage, peer=stage_rank(nxt, p, "v")))
+    return recvs + [Action(a.op, a.microbatch, a.stage) for a in slot] + sends
 
 
 # ---- the pairs in the simulator: what the overlap hides ----------------------------------------------

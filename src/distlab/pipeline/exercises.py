@@ -187,13 +187,18 @@ def _one_rank(raw: Any, m: int, r: int) -> list[Action]:
     if any(a.op not in ("F", "B", "W") for a in order):
         raise ValueError(f"rank {r} has ops other than 'F', 'B' and 'W'")
     for op in ("F", "B", "W"):
-        got = sorted(a.microbatch for a in order if a.op == op)
-        if got != list(range(m)):
-            missing = sorted(set(range(m)) - set(got))
-            why = f"missing {op} for microbatch(es) {missing}" if missing else f"one {op} per microbatch"
-            extra = ": without its W, a microbatch's weight gradient never reaches .grad" if op == "W" else ""
-            raise ValueError(f"rank {r} runs {op} for microbatches {got}; {why}{extra}")
+        _check_once_each(order, op, m, r)
     return order
+
+
+def _check_once_each(order: list[Action], op: str, m: int, r: int) -> None:
+    """Rank r's order runs `op` exactly once for each of the m micro-batches."""
+    got = sorted(a.microbatch for a in order if a.op == op)
+    if got != list(range(m)):
+        missing = sorted(set(range(m)) - set(got))
+        why = f"missing {op} for microbatch(es) {missing}" if missing else f"one {op} per microbatch"
+        extra = ": without its W, a microbatch's weight gradient never reaches .grad" if op == "W" else ""
+        raise ValueError(f"rank {r} runs {op} for microbatches {got}; {why}{extra}")
 
 
 def _local_order(order: list[Action]) -> str | None:

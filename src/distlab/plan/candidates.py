@@ -184,15 +184,22 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
             if pp > model.layers or (not uneven and model.layers % pp):
                 rej["pp exceeds the layers (or, with uneven=False, does not divide them)"] += 1
                 continue
-            for cp in divisors(n // (tp * pp)):
-                dp = n // (tp * pp * cp)
-                if model.seq % cp or (max_cp is not None and cp > max_cp):
-                    rej["cp does not divide the sequence (or exceeds --max-cp)"] += 1
-                elif dp > workload.batch:
-                    rej["dp exceeds the global batch"] += 1
-                else:
-                    yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
-                                      max_micro_batch, interleaves, rej, uneven, micro_batch)
+            for dp, cp in _dp_cp(model, workload, n // (tp * pp), max_cp, rej):
+                yield from _inner(model, workload, dp, tp, pp, cp, zero_stages, recomputes,
+                                  max_micro_batch, interleaves, rej, uneven, micro_batch)
+
+
+def _dp_cp(model: ModelSpec, workload: Workload, rest: int, max_cp: int | None,
+           rej: Rejections) -> Iterator[tuple[int, int]]:
+    """The (dp, cp) splits of the `rest` GPUs left by tp and pp that the cp and dp rules allow."""
+    for cp in divisors(rest):
+        dp = rest // cp
+        if model.seq % cp or (max_cp is not None and cp > max_cp):
+            rej["cp does not divide the sequence (or exceeds --max-cp)"] += 1
+        elif dp > workload.batch:
+            rej["dp exceeds the global batch"] += 1
+        else:
+            yield dp, cp
 
 
 def _inner(model: ModelSpec, workload: Workload, dp: int, tp: int, pp: int, cp: int,

@@ -56,11 +56,25 @@ class ModelSpec:
     positions: bool = True
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_heads()
+        if self.ffn is not None:
+            limits.check_int("ffn", self.ffn, 1)
+        if self.params > MAX_PARAMS:
+            raise ValueError(f"model of {self.params:.3g} parameters is beyond any trained model: the bound "
+                             f"is {MAX_PARAMS:.0e} (the largest dense models have about 2e12); check the "
+                             "shape")
+
+    def _check_sizes(self) -> None:
+        """layers, hidden, heads, vocab and seq: positive integers within `limits`."""
         for field in ("layers", "hidden", "heads", "vocab", "seq"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"model {field}={v!r} must be a positive integer, e.g. --{field} 8")
             limits.check_int(field, v, 1)
+
+    def _check_heads(self) -> None:
+        """heads that divide hidden, and kv_heads (if given) that divide heads."""
         if self.hidden % self.heads:
             raise ValueError(f"model hidden={self.hidden} is not divisible by heads={self.heads}; "
                              "choose heads that divide the hidden size")
@@ -68,12 +82,6 @@ class ModelSpec:
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.heads % kv):
             raise ValueError(f"model kv_heads={kv!r} must be a positive integer that divides "
                              f"heads={self.heads}; or leave it out (kv_heads = heads)")
-        if self.ffn is not None:
-            limits.check_int("ffn", self.ffn, 1)
-        if self.params > MAX_PARAMS:
-            raise ValueError(f"model of {self.params:.3g} parameters is beyond any trained model: the bound "
-                             f"is {MAX_PARAMS:.0e} (the largest dense models have about 2e12); check the "
-                             "shape")
 
     def shape(self) -> dict[str, Any]:
         """The shape options chapter 7's `MemoryConfig` takes."""

@@ -24,29 +24,37 @@ def table(out: dict[str, Any], top: int = 10) -> str:
     """The first `top` kept candidates of a `__main__.report` (or its one pinned configuration) as aligned
     text: sizes, GB per GPU, the step-time terms in seconds, the step and model TFLOP/s per GPU; above it
     the model behind the parameter count, and when nothing fits, which rule removed how many."""
-    c, eff = out["cluster"], out["efficiency"]
-    where = (f"on {c['gpus']} {c['gpu']} ({c['nodes']} servers x {c['gpus_per_node']}), batch {out['batch']} "
-             f"sequences, kernel efficiency {eff:.2f} of peak")
-    if out.get("pinned"):
-        verdict = "fits" if out["fits"] else "does NOT fit"
-        head = f"{out['model']['name']} {where}: the pinned configuration {verdict}"
-        rows = [out]
-    else:
-        head = f"{out['model']['name']} {where}: {out['kept']} configurations fit"
-        rows = out["candidates"][:top]
+    head, rows = _head_and_rows(out, top)
     cols = ["dp", "tp", "pp", "cp", "ZeRO", "recompute", "b", "v", "GB/GPU", *(TERM_HEADS[k] for k in TERMS),
             "step s", "TFLOP/s"]
     lines = [head, f"  model: {out['model']['describe']}",
              "  sizes dp tp pp cp, then the step's terms in seconds (comm = the exposed communication)",
              "  ".join(f"{x:>9}" for x in cols)]
     lines += ["  ".join(f"{x!s:>9}" for x in _cells(r)) for r in rows]
+    return "\n".join(lines + _notes(out, rows))
+
+
+def _head_and_rows(out: dict[str, Any], top: int) -> tuple[str, list[dict[str, Any]]]:
+    """The table's first line (model, cluster, batch, and what fits) and its rows."""
+    c, eff = out["cluster"], out["efficiency"]
+    where = (f"on {c['gpus']} {c['gpu']} ({c['nodes']} servers x {c['gpus_per_node']}), batch {out['batch']} "
+             f"sequences, kernel efficiency {eff:.2f} of peak")
+    if out.get("pinned"):
+        verdict = "fits" if out["fits"] else "does NOT fit"
+        return f"{out['model']['name']} {where}: the pinned configuration {verdict}", [out]
+    return f"{out['model']['name']} {where}: {out['kept']} configurations fit", out["candidates"][:top]
+
+
+def _notes(out: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The lines under the table: a batch rounded down, and, when nothing fits, what removed how many."""
+    notes = []
     if rows and rows[0].get("effective_batch", out["batch"]) != out["batch"]:
-        lines.append(f"  note: the batch of {out['batch']} rounds down to {rows[0]['effective_batch']} "
+        notes.append(f"  note: the batch of {out['batch']} rounds down to {rows[0]['effective_batch']} "
                      "(a multiple of dp x micro-batch)")
     if not out.get("pinned") and not out["kept"]:
         why = "; ".join(f"{rule}: {n:,}" for rule, n in sorted(out["removed"].items(), key=lambda x: -x[1]))
-        lines.append(f"  removed: {why or 'no candidate in the search space'}")
-    return "\n".join(lines)
+        notes.append(f"  removed: {why or 'no candidate in the search space'}")
+    return notes
 
 
 def published_markdown() -> str:

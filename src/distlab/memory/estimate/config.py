@@ -233,16 +233,20 @@ def _check_shape(c: MemoryConfig) -> None:
 
 
 def _check_shape_options(c: MemoryConfig) -> None:
+    """The optional shape fields: kv_heads, ffn, layer_split and rounds."""
     kv = c.kv_heads
-    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or c.heads % kv):
+    if kv is not None and (not _whole_at_least(kv, 1) or c.heads % kv):
         raise ValueError(f"kv_heads={kv!r} must be a positive integer that divides heads={c.heads}; or leave "
                          "it out (kv_heads = heads, multi-head attention)")
-    if c.ffn is not None and (isinstance(c.ffn, bool) or not isinstance(c.ffn, int) or c.ffn < 1):
+    if c.ffn is not None and not _whole_at_least(c.ffn, 1):
         raise ValueError(f"ffn={c.ffn!r} must be a positive integer (the MLP's hidden size), or None for 4 h")
     if c.layer_split is not None:
         shape.stage_layers(c.layers, c.pp, c.layer_split)
-    if c.rounds is not None and (isinstance(c.rounds, bool) or not isinstance(c.rounds, int)
-                                 or not 1 <= c.rounds <= c.pp):
+    if c.rounds is not None and not (_whole_at_least(c.rounds, 1) and c.rounds <= c.pp):
         raise ValueError(f"rounds={c.rounds!r} must be a whole number from 1 to pp={c.pp} (the micro-batches "
                          "of each round of the interleaved schedule), or None for pp")
 
+
+def _whole_at_least(x: object, low: int) -> bool:
+    """Whether `x` is an int (not a bool) of at least `low`."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low

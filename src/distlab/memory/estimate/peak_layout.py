@@ -112,19 +112,61 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     first, last = stage == 0, stage == c.pp - 1
     m = c.microbatches or c.pp
     accumulate = m > 1
-    sizes = [x * scale for x in gpt_parameter_sizes(layers, c.hidden, c.vocab, c.seq, True, c.tp, sh.kv,
-                                                     c.ffn, c.gated, first, last, c.tied, c.positions)]
+    sizes = _stage_sizes(c, sh, layers, first, last, scale)
     g_bytes = cost_model.check_precision(c.precision)[1] * sum(sizes) / (c.dp if c.zero >= 2 else 1)
     grads = "temporaries" if (accumulate or c.zero >= 2) else "grads"
     tl = Timeline()
+    _stage_states(tl, c, sh, sizes, scale, g_bytes if accumulate else None)
+    if held is None:
+        held = shape.in_flight(c.schedule, stage, c.pp, m, c.interleave, c.rounds) - 1
+    _hold_others(tl, c, sh, block, layers, first, last, held)
+    _stage_forward(tl, sh, block, layers, first)
+    tied_here = c.tied and first
+    _head_or_send(tl, sh, layers, last, tied_here, grads)
+    if c.zero >= 2 and not accumulate:
+        tl.alloc("sharded grads", g_bytes, "grads")
+    _blocks_backward(tl, sh, block, layers, grads)
+    if first:
+        embedding_backward(tl, sh, tied_here, grads)
+    tl.free("d.x0", "gathered blocks", "other micro-batches")  # every micro-batch is done by the step
+    tl.phase = "optimizer"
+    if not c.offload:
+        _optimizer_step(tl, c, sizes)
+    return tl
+
+
+def _stage_sizes(c: MemoryConfig, sh: StepShape, layers: int, first: bool, last: bool,
+                 scale: float) -> list[float]:
+    """The stage's parameter tensors' sizes (elements), scaled by `scale`."""
+    return [x * scale for x in gpt_parameter_sizes(layers, c.hidden, c.vocab, c.seq, True, c.tp, sh.kv,
+                                                   c.ffn, c.gated, first, last, c.tied, c.positions)]
+
+
+def _head_or_send(tl: Timeline, sh: StepShape, layers: int, last: bool, tied_here: bool, grads: str) -> None:
+    """The head's forward and backward on the last stage; elsewhere, the output sent on, its gradient back."""
+    if last:
+        head_forward(tl, sh)
+        head_backward(tl, sh, f"x{layers}", tied_here, grads)
+    else:
+        tl.phase = "backward"
+        tl.free(f"x{layers}")  # sent to the next stage
+        tl.alloc(f"d.x{layers}", sh.nh)  # the gradient received from it
+
+
+def _stage_states(tl: Timeline, c: MemoryConfig, sh: StepShape, sizes: list[float], scale: float,
+                  accumulated: float | None) -> None:
+    """The model states, the gathered blocks under ZeRO-3 and the accumulated gradients (None: none)."""
     _states(tl, c, sizes)
     if c.zero == 3 and c.dp > 1:  # the block at work and the prefetched next one, gathered
         tl.alloc("gathered blocks", 2 * sh.e * sum(block_parameter_sizes(c.hidden, True, c.tp, sh.kv, c.ffn,
                                                                          c.gated)) * scale)
-    if accumulate:
-        tl.alloc("accumulated grads", g_bytes, "grads")
-    if held is None:
-        held = shape.in_flight(c.schedule, stage, c.pp, m, c.interleave, c.rounds) - 1
+    if accumulated is not None:
+        tl.alloc("accumulated grads", accumulated, "grads")
+
+
+def _hold_others(tl: Timeline, c: MemoryConfig, sh: StepShape, block: _Block, layers: int, first: bool,
+                 last: bool, held: float) -> None:
+    """The activations that `held` other micro-batches keep on this stage while this one runs."""
     # a held micro-batch: its blocks' saved tensors and the stage's input, less its output where it is sent
     # on (and freed, as Megatron-LM's deallocate_output_tensor does); the position ids on the first stage,
     # the head's saved tensors on the last
@@ -132,6 +174,10 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     if last:
         stash += sh.nh + _head_saved(sh)
     tl.alloc("other micro-batches", held * stash, "activations")
+
+
+def _stage_forward(tl: Timeline, sh: StepShape, block: _Block, layers: int, first: bool) -> None:
+    """The stage's input and its blocks' forward passes, up to the last block's output."""
     if first:
         embedding_forward(tl, sh)
     else:
@@ -141,16 +187,10 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     tl.alive["blocks (saved)"] = ("activations", tl.alive["blocks (saved)"][1] - int(sh.nh))
     tl.current -= int(sh.nh)
     tl.alloc(f"x{layers}", sh.nh, "activations")  # the last block's output, named for the head
-    tied_here = c.tied and first
-    if last:
-        head_forward(tl, sh)
-        head_backward(tl, sh, f"x{layers}", tied_here, grads)
-    else:
-        tl.phase = "backward"
-        tl.free(f"x{layers}")  # sent to the next stage
-        tl.alloc(f"d.x{layers}", sh.nh)  # the gradient received from it
-    if c.zero >= 2 and not accumulate:
-        tl.alloc("sharded grads", g_bytes, "grads")
+
+
+def _blocks_backward(tl: Timeline, sh: StepShape, block: _Block, layers: int, grads: str) -> None:
+    """The blocks' backward passes, leaving the input's gradient and the blocks' gradients alive."""
     back = block.backward_where.replace("layer 0", "layer {}")
     tl.repeat("blocks (saved)", layers, block.backward_net, block.backward_rise, back, "activations",
               reverse=True)
@@ -158,15 +198,13 @@ def _stage_peak(c: MemoryConfig, sh: StepShape, block: _Block, stage: int, layer
     tl.alive["d.x0"] = ("temporaries", int(sh.nh))
     if rest > sh.nh:
         tl.alive["block grads"] = (grads, rest - int(sh.nh))
-    if first:
-        embedding_backward(tl, sh, tied_here, grads)
-    tl.free("d.x0", "gathered blocks", "other micro-batches")  # every micro-batch is done by the step
-    tl.phase = "optimizer"
-    if not c.offload:
-        shard = [x / (c.dp if c.zero >= 1 else 1) for x in sizes]
-        form = adam_form(c.adam, c.device)
-        adam_step(tl, shard, form, 4) if c.precision == "fp32" else master_step(tl, shard, form)
-    return tl
+
+
+def _optimizer_step(tl: Timeline, c: MemoryConfig, sizes: list[float]) -> None:
+    """The optimizer's step on this rank's shard of the stage's parameters."""
+    shard = [x / (c.dp if c.zero >= 1 else 1) for x in sizes]
+    form = adam_form(c.adam, c.device)
+    adam_step(tl, shard, form, 4) if c.precision == "fp32" else master_step(tl, shard, form)
 
 
 def stage_peak(c: MemoryConfig, stage: int, held: float | None = None, bias: bool = True) -> LayoutPeak:

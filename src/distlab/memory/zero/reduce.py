@@ -59,12 +59,20 @@ class GradientReducer:
         self._done: set[int] = set()  # buckets reduce-scattered since the last step
         self._reduced = False
         self._token = (object(), stage)  # a plain token on the parameter (a model's copy copies only it)
-        for p in self._all:  # who reduces this parameter's gradient (see `_owner_check`)
+        self._claim()
+        self.hooks = self._register_hooks()
+
+    def _claim(self) -> None:
+        """Mark this reducer as the one that reduces each parameter's gradient (see `_owner_check`)."""
+        for p in self._all:
             owners = getattr(p, "_distlab_zero_owners", ())
-            shared = stage == 1 and all(s == 1 for _, s in owners)
+            shared = self.stage == 1 and all(s == 1 for _, s in owners)
             p._distlab_zero_owners = (*owners, self._token) if shared else (self._token,)  # type: ignore
-        self.hooks = [p.register_post_accumulate_grad_hook(self._hook(i, k))
-                      for i, b in enumerate(self.buckets) for k, p in enumerate(b.params) if p.requires_grad]
+
+    def _register_hooks(self) -> list:
+        """A post-accumulate-grad hook on each parameter that needs a gradient; the handles."""
+        return [p.register_post_accumulate_grad_hook(self._hook(i, k))
+                for i, b in enumerate(self.buckets) for k, p in enumerate(b.params) if p.requires_grad]
 
     def _hook(self, i: int, k: int) -> Callable[[Tensor], None]:
         def hook(p: Tensor) -> None:
@@ -157,13 +165,17 @@ class GradientReducer:
         if self.n <= self._exact and all(c in (0, self.n) for c in counts):
             anywhere = [c > 0 for c in counts]
         else:  # the exact answer, and the error naming the parameters and ranks
-            mine = [id(p) in self._seen or self._sent.get(id(p), (None,))[0] is not None for p in params]
-            anywhere = agree_on_usage(mine, [self.names[id(p)] for p in params], self.group,
-                                      device=params[0].device if params else None,  # NCCL: on the GPU
-                                      who=f"ShardedOptimizer (ZeRO stage {self.stage})")
+            anywhere = self._agree(params)
         now = {id(p) for p, a in zip(params, anywhere, strict=True) if a}
         self._used = now if self.stage == 1 else self._used | now
         self._counts.clear()
+
+    def _agree(self, params: list[nn.Parameter]) -> list[bool]:
+        """Which of `params` some rank used, by one all-reduce; an error on every rank if only some did."""
+        mine = [id(p) in self._seen or self._sent.get(id(p), (None,))[0] is not None for p in params]
+        return agree_on_usage(mine, [self.names[id(p)] for p in params], self.group,
+                              device=params[0].device if params else None,  # NCCL: on the GPU
+                              who=f"ShardedOptimizer (ZeRO stage {self.stage})")
 
     def reduce_gradients(self) -> None:
         """Reduce what no backward did (gradients set by hand), wait, and leave `.grad = None` on the

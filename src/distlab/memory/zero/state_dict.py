@@ -82,20 +82,23 @@ def merge_sharded(pieces: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"pieces hold ranks {ranks} of a group of {n}; pass the sharded_state_dict() of "
                          f"every rank 0..{n - 1}, once each")
     pieces = sorted(pieces, key=lambda p: p["rank"])
-    state: dict[int, dict[str, Any]] = {}
-    for idx, shape in enumerate(pieces[0]["shapes"]):
-        if idx not in pieces[0]["state"]:
-            continue
-        numel = int(torch.Size(shape).numel())
-        state[idx] = {}
-        for key, value in pieces[0]["state"][idx].items():
-            parts = [p["state"][idx][key] for p in pieces]
-            sliced = isinstance(value, Tensor) and key not in SCALAR_KEYS
-            if sliced and sum(t.numel() for t in parts) == numel:
-                state[idx][key] = torch.cat([t.reshape(-1) for t in parts]).view(shape).clone()
-            else:
-                state[idx][key] = value
+    state = {idx: _merge_entry(pieces, idx, shape) for idx, shape in enumerate(pieces[0]["shapes"])
+             if idx in pieces[0]["state"]}
     return {"state": state, "param_groups": pieces[0]["param_groups"]}
+
+
+def _merge_entry(pieces: list[dict[str, Any]], idx: int, shape: tuple) -> dict[str, Any]:
+    """Parameter idx's state from every rank's slices (sorted by rank), its tensors joined whole."""
+    numel = int(torch.Size(shape).numel())
+    entry: dict[str, Any] = {}
+    for key, value in pieces[0]["state"][idx].items():
+        parts = [p["state"][idx][key] for p in pieces]
+        sliced = isinstance(value, Tensor) and key not in SCALAR_KEYS
+        if sliced and sum(t.numel() for t in parts) == numel:
+            entry[key] = torch.cat([t.reshape(-1) for t in parts]).view(shape).clone()
+        else:
+            entry[key] = value
+    return entry
 
 
 def load_full_state(opt: Any, state_dict: dict[str, Any]) -> None:
@@ -107,23 +110,25 @@ def load_full_state(opt: Any, state_dict: dict[str, Any]) -> None:
         raise ValueError(f"state_dict has parameter groups of sizes {sizes}, but this optimizer's are "
                          f"{[len(g['params']) for g in opt.param_groups]}; load the state of the same model "
                          "built with the same parameter groups")
-    sliced: dict[int, dict[str, Any]] = {}
-    for idx, entry in state_dict["state"].items():
-        p = params[int(idx)]
-        b, k = opt.where[id(p)]
-        sliced[int(idx)] = {}
-        for key, value in entry.items():
-            if isinstance(value, Tensor) and key not in SCALAR_KEYS:
-                if value.shape != p.shape:
-                    raise ValueError(f"state_dict['state'][{idx}][{key!r}] has shape {tuple(value.shape)} "
-                                     f"but parameter {idx} has {tuple(p.shape)}; load the state of the same "
-                                     "model")
-                shard = opt.shards[id(p)]
-                value = b.slice_of(value, k, opt.rank)[:shard.numel()].view(shard.shape)
-            # a copy: the optimizer updates its state in place (AdamW's step += 1), the caller's dict stays
-            sliced[int(idx)][key] = value.clone() if isinstance(value, Tensor) else value
+    sliced = {int(idx): {key: _slice_value(opt, params[int(idx)], idx, key, value)
+                         for key, value in entry.items()}
+              for idx, entry in state_dict["state"].items()}
     inner_groups = [{**g, "params": list(range(sum(sizes[:j]), sum(sizes[:j + 1])))}
                     for j, g in enumerate(groups)]
     opt.optim.load_state_dict({"state": sliced, "param_groups": inner_groups})
     for g, saved in zip(opt.param_groups, groups, strict=True):
         g.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def _slice_value(opt: Any, p: Tensor, idx: Any, key: str, value: Any) -> Any:
+    """This rank's copy of parameter `p`'s state `key`: its slice of a per-element tensor, else the value."""
+    if isinstance(value, Tensor) and key not in SCALAR_KEYS:
+        if value.shape != p.shape:
+            raise ValueError(f"state_dict['state'][{idx}][{key!r}] has shape {tuple(value.shape)} "
+                             f"but parameter {idx} has {tuple(p.shape)}; load the state of the same "
+                             "model")
+        b, k = opt.where[id(p)]
+        shard = opt.shards[id(p)]
+        value = b.slice_of(value, k, opt.rank)[:shard.numel()].view(shard.shape)
+    # a copy: the optimizer updates its state in place (AdamW's step += 1), the caller's dict stays
+    return value.clone() if isinstance(value, Tensor) else value

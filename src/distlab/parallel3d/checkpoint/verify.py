@@ -114,19 +114,24 @@ def check_keys(path: str | os.PathLike, metadata: Metadata,
                               "loading only the keys this model has would train something else: build the "
                               "model with the checkpoint's configuration")
     for key, want in expected.items():
-        shape, dtype = want if len(want) == 2 and isinstance(want[1], torch.dtype) else (want, None)
         md = stored[key]
-        if not isinstance(md, TensorStorageMetadata):
-            continue
-        if tuple(md.size) != tuple(shape):
-            raise CheckpointError(f"key {key!r} has shape {tuple(md.size)} in the checkpoint {path}, but "
-                                  f"the model needs {tuple(shape)}; it was written by a model of another "
-                                  "shape: build the model with the checkpoint's configuration")
-        if dtype is not None and md.properties.dtype != dtype:
-            raise CheckpointError(f"key {key!r} is {md.properties.dtype} in the checkpoint {path}, but the "
-                                  f"model holds {dtype}; loading would round it silently: build the model "
-                                  f"in {md.properties.dtype} (torch.set_default_dtype) or convert the "
-                                  "checkpoint")
+        if isinstance(md, TensorStorageMetadata):
+            _check_tensor(path, key, md, want)
+
+
+def _check_tensor(path: str | os.PathLike, key: str, md: TensorStorageMetadata,
+                  want: tuple[int, ...] | tuple[tuple[int, ...], torch.dtype]) -> None:
+    """Tensor `key`'s stored shape (and dtype, where `want` gives one) against the model's."""
+    shape, dtype = want if len(want) == 2 and isinstance(want[1], torch.dtype) else (want, None)
+    if tuple(md.size) != tuple(shape):
+        raise CheckpointError(f"key {key!r} has shape {tuple(md.size)} in the checkpoint {path}, but "
+                              f"the model needs {tuple(shape)}; it was written by a model of another "
+                              "shape: build the model with the checkpoint's configuration")
+    if dtype is not None and md.properties.dtype != dtype:
+        raise CheckpointError(f"key {key!r} is {md.properties.dtype} in the checkpoint {path}, but the "
+                              f"model holds {dtype}; loading would round it silently: build the model "
+                              f"in {md.properties.dtype} (torch.set_default_dtype) or convert the "
+                              "checkpoint")
 
 
 def verify(path: str | os.PathLike, expected: dict | None = None,
