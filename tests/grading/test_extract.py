@@ -59,3 +59,16 @@ def test_the_engine_skips_what_is_not_a_line_of_the_child(tmp_path):
     assert engine.read_lines(results) == [{"start": "check_merge"},
                                           {"check": "check_merge", "verdict": "fail", "message": "m"}]
     assert engine.read_lines(tmp_path / "none.jsonl") == []
+
+
+def test_a_child_keeps_torchs_compile_caches_in_its_own_folder(tmp_path, monkeypatch) -> None:
+    """torch's inductor writes the cache folder it chose into os.environ (TORCHINDUCTOR_CACHE_DIR); a grader
+    started after any torch.compile in the same process used to pass /tmp/torchinductor_<user> on, and the
+    guard then refused a rank's mkdir there (a 'forbidden write' for a student who only crashed a rank)."""
+    from distlab.grading.engine import _environment
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/triton_someone")
+    env = _environment(tmp_path)
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR", "HOME"):
+        assert env[name].startswith(str(tmp_path)), name

@@ -90,6 +90,10 @@ def _environment(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("JPY_SESSION_NAME", "PYTHONSTARTUP")}
     env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"), DISTLAB_PROGRESS="off",
                PYTHONDONTWRITEBYTECODE="1", MPLCONFIGDIR=str(root / "tmp"), MPLBACKEND="Agg",
+               # torch's compile caches: inductor writes the folder it chose into os.environ, so a grader
+               # started after any torch.compile would hand the child a path outside its folder
+               TORCHINDUCTOR_CACHE_DIR=str(root / "tmp" / "torchinductor"),
+               TRITON_CACHE_DIR=str(root / "tmp" / "triton"),
                PYTHONPATH=os.pathsep.join([str(root / "site"), src] + [p for p in [os.environ.get(
                    "PYTHONPATH", "")] if p]))
     env[guard.ROOT_ENV], env[guard.PROTECT_ENV] = str(root), str(os.getpid())
