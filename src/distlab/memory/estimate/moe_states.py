@@ -111,20 +111,25 @@ def check_moe_layout(ms: ModelShape, layout: Layout) -> None:
                          "divides it")
 
 
+def stage_states(ms: ModelShape, layout: Layout, zero: int = 0, precision: str = "mixed",
+                 layer_split: tuple[int, ...] | None = None, ends: bool = True) -> list[MoEStates]:
+    """Model-state bytes of one rank of each pipeline stage (module docstring)."""
+    check_moe_layout(ms, layout)
+    dp, edp = layout.size("dp") * layout.size("cp"), layout.edp
+    out = []
+    for i, (dense, experts) in enumerate(stage_params(ms, layout, layer_split, ends)):
+        pd, gd, od = cost_model.model_state_bytes(dense, precision, zero, dp)
+        pe, ge, oe = cost_model.model_state_bytes(experts, precision, zero, edp)
+        out.append(MoEStates(dense, experts, pd + pe, gd + ge, od + oe, i))
+    return out
+
+
 def moe_states(ms: ModelShape, layout: Layout, zero: int = 0, precision: str = "mixed",
                layer_split: tuple[int, ...] | None = None, ends: bool = True) -> MoEStates:
     """Model-state bytes of the rank that holds the most (module docstring); `ends=False` leaves out the
     embeddings and the final norm (a stack of blocks alone)."""
-    check_moe_layout(ms, layout)
-    dp, edp = layout.size("dp") * layout.size("cp"), layout.edp
-    best = None
-    for i, (dense, experts) in enumerate(stage_params(ms, layout, layer_split, ends)):
-        pd, gd, od = cost_model.model_state_bytes(dense, precision, zero, dp)
-        pe, ge, oe = cost_model.model_state_bytes(experts, precision, zero, edp)
-        states = MoEStates(dense, experts, pd + pe, gd + ge, od + oe, i)
-        if best is None or states.model_states_bytes > best.model_states_bytes:
-            best = states
-    return best
+    return max(stage_states(ms, layout, zero, precision, layer_split, ends),
+               key=lambda st: st.model_states_bytes)
 
 
 def dispatch_bytes(tokens: int, top_k: int, hidden: int, bytes_per_element: int = 2,
