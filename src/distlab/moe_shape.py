@@ -107,6 +107,16 @@ def attention_params(moe: MoEShape, hidden: int, heads: int, kv_heads: int | Non
     return weights + biases + (hidden if bias else 0) + (2 * d if moe.qk_norm else 0)
 
 
+def attention_replicated(moe: MoEShape, hidden: int, heads: int, bias: bool) -> int:
+    """The part of one layer's attention that tensor parallelism does not split: MLA's down-projections
+    and latent norms (every tp rank needs the whole latent), the q/k norms, the output projection's bias."""
+    out = hidden if bias else 0
+    if moe.mla is not None:
+        m = moe.mla
+        return out + hidden * m.q_rank + m.q_rank + hidden * (m.kv_rank + m.qk_rope) + m.kv_rank
+    return out + (2 * (moe.head_dim or hidden // heads) if moe.qk_norm else 0)
+
+
 def ffn_params(hidden: int, width: int, gated: bool, bias: bool) -> int:
     """One FFN (an expert, a shared expert or a dense MLP): (3 if gated else 2) h f, and its biases."""
     return (3 if gated else 2) * hidden * width + ((2 if gated else 1) * width + hidden if bias else 0)

@@ -75,7 +75,8 @@ class MoEAssumptions:
         return "; ".join([
             "all-to-all hidden behind compute up to each layer's compute (DualPipe's claim)"
             if self.a2a_overlap else "all-to-all not overlapped (it waits)",
-            "DualPipe bubble (m + p/2 - 1 slots)" if self.pipeline == "dualpipe" else "1F1B bubble",
+            "DualPipe bubble (m + p/2 - 1 slots)" if self.pipeline == "dualpipe"
+            else "1F1B bubble ((p - 1)/v slots)",
             f"node-limited routing M = {self.max_nodes}" if self.max_nodes else "no node limit",
             "FP8 linear layers (chapter 7's FP8 cost)" if self.fp8 else "BF16 linear layers",
             "FP8 dispatch" if self.fp8_dispatch else "BF16 dispatch"])
@@ -182,17 +183,24 @@ def fp8_speedup(c: MoEConfig) -> float:
     return fp8_cost.speedup(m, ms.hidden, ms.moe.expert_ffn // e["etp"], gpu)
 
 
+def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
+    """The buffers of one MoE layer's 4 all-to-alls on one rank and micro-batch, T k h b bytes each: the
+    forward dispatch (1-byte values with `fp8_dispatch`), the forward combine and the two of the backward."""
+    rows = c.tokens_per_rank * c.shape.moe.top_k * c.shape.hidden
+    return [rows * (1 if a.fp8_dispatch else 2)] + [rows * 2] * 3
+
+
 def a2a_seconds(c: MoEConfig, a: MoEAssumptions) -> float:
     """The 4 all-to-alls of one MoE layer and one micro-batch on one rank (module docstring)."""
     ms, e, gpn = c.shape, c.layout.expert_sizes, c.cluster.gpus_per_node
-    t, k, h = c.tokens_per_rank, ms.moe.top_k, ms.hidden
+    t, k = c.tokens_per_rank, ms.moe.top_k
     span = e["ep"] * e["etp"]
     if e["ep"] == 1:
         return 0.0
-    bytes_per_row = (1 if a.fp8_dispatch else 2) * h, 2 * h  # the forward dispatch, the three others
     nvl, net = c.cluster.intra, c.cluster.inter
     total = 0.0
-    for row in (bytes_per_row[0], *[bytes_per_row[1]] * 3):
+    for buffer in a2a_bytes(c, a):
+        row = buffer / (t * k)  # the bytes of one token's row
         if span <= gpn and gpn % span == 0:
             total += nvl.alpha + t * k * (e["ep"] - 1) / e["ep"] * row * nvl.beta
             continue

@@ -6,10 +6,11 @@ rank of pipeline stage i (its layers as `shape.stage_layers` splits them; the mo
 `dense_layers` are its first layers):
 
 - **dense** (replicated over dp x cp, one gradient reduction group): attention's weights and the
-  column-parallel biases / tp, its output bias replicated (chapter 5's Megatron split); the two norms, the
-  router (h E) and Qwen2-MoE's shared-expert gate replicated; the shared experts and a dense layer's MLP
-  / tp (their output bias replicated); the embedding / tp on the first stage (and learned positions), the
-  output layer / tp on the last (also when tied, if pp > 1), with the final norm;
+  column-parallel biases / tp, its output bias replicated (chapter 5's Megatron split), MLA's down-
+  projections and latent norms and the q/k norms replicated (`moe_shape.attention_replicated`); the two
+  norms, the router (h E) and Qwen2-MoE's shared-expert gate replicated; the shared experts and a dense
+  layer's MLP / tp (their output bias replicated); the embedding / tp on the first stage (and learned
+  positions), the output layer / tp on the last (also when tied, if pp > 1), with the final norm;
 - **experts** (replicated over edp only): E / ep routed experts per rank, each / etp (its output bias
   replicated over etp).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from distlab.layout import Layout
 from distlab.memory.estimate import cost_model, shape
 from distlab.model_shape import ModelShape
-from distlab.moe_shape import ffn_params, router_params, shared_params
+from distlab.moe_shape import attention_replicated, ffn_params, router_params, shared_params
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def layer_params(ms: ModelShape, moe_layer: bool, tp: int, ep: int, etp: int) ->
     """(dense, routed-expert) parameters of one layer on one rank (module docstring)."""
     m, h, bias = ms.moe, ms.hidden, ms.bias
     out_bias = h if bias else 0
-    dense = _split(ms.attention_params, out_bias, tp) + ms.norm_params
+    dense = _split(ms.attention_params, attention_replicated(m, h, ms.heads, bias), tp) + ms.norm_params
     if not moe_layer:
         return dense + _split(ffn_params(h, ms.ffn_size, ms.gated, bias), out_bias, tp), 0.0
     gate = h if m.shared_gate else 0
