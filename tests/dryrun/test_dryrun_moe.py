@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from distlab.dryrun.moe_rank import moe_layer_step, split_counts, stage_modules
+from distlab.memory.estimate.moe_activations import routed_bytes
 from distlab.memory.estimate.moe_states import moe_states, stage_params
 from distlab.plan import moe_published
 from distlab.plan.moe_cost import MoEAssumptions, a2a_bytes
@@ -34,6 +35,8 @@ def test_deepseek_v3_rank_model_states_fit_and_its_all_to_all_is_the_cost_models
     assert traffic.nbytes == sum(a2a_bytes(config, MoEAssumptions()))  # 4 x T k h x 2 bytes, T = 4096
     assert traffic.nbytes == 4 * 4096 * 8 * 7168 * 2
     assert traffic.sent_bytes == pytest.approx(traffic.nbytes * 63 / 64)
+    # what autograd saved for the routed experts: the estimator's term to the byte (well within 1 %)
+    assert traffic.saved_bytes == routed_bytes(config.shape, 4096, 1)
 
 
 def test_stage_modules_refuses_a_shape_it_does_not_build() -> None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from distlab.comm_log import comm_log
 from distlab.dryrun.fake_world import fake_world
+from distlab.dryrun.held import storage_key
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.model_shape import ModelShape
@@ -115,6 +116,7 @@ class MoELayerTraffic:
     nbytes: int  # the sum of the whole buffers B
     sent_bytes: float  # what left the rank ((p - 1)/p of each buffer, its own chunk kept)
     group_size: int
+    saved_bytes: int  # what autograd saved for the backward of the routed experts, each storage once
 
 
 def _ep_group(layout: Layout, rank: int) -> list[int]:
@@ -140,13 +142,22 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
                                     for _ in range(ms.moe.experts // ep)).to(dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
         splits = [tokens * k // ep] * ep
+        weights = {storage_key(p) for p in experts.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            if storage_key(t) not in weights:
+                saved.setdefault(storage_key(t), t.untyped_storage().nbytes())
+            return t
+
         with comm_log() as log:
             sent = x.repeat_interleave(k, dim=0)
             got = all_to_all(sent, splits, splits, group)
             parts = got.view(len(experts), -1, h)
-            out = torch.cat([e(parts[i]) for i, e in enumerate(experts)])
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = torch.cat([e(parts[i]) for i, e in enumerate(experts)])
             back = all_to_all(out, splits, splits, group)
             back.view(tokens, k, h).sum(1).sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),
-                           ep)
+                           ep, sum(saved.values()))

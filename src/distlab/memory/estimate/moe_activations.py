@@ -53,8 +53,14 @@ def attention_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2) -> float:
 
 
 def ffn_bytes(ms: ModelShape, tokens: float, width: float, e: int = 2) -> float:
-    """Saved bytes of one FFN of `width` on `tokens` tokens: its input and (3 gated, else 2) x width."""
-    return tokens * (ms.hidden + (3 if ms.gated else 2) * width) * e
+    """Saved bytes of one FFN of `width` on `tokens` tokens: its input and (4 gated, else 2) x width."""
+    return tokens * (ms.hidden + (4 if ms.gated else 2) * width) * e
+
+
+def routed_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2) -> float:
+    """Saved bytes of one layer's routed experts on one rank: T / tp tokens x k copies, each an FFN of
+    width F_e (balanced routing: the rows a rank's experts receive are the rows it sends)."""
+    return ffn_bytes(ms, tokens / tp * ms.moe.top_k, ms.moe.expert_ffn, e)
 
 
 def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 2) -> float:
@@ -63,7 +69,7 @@ def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 
     if not moe_layer:
         return out + ffn_bytes(ms, tokens, ms.ffn_size / tp, e) - tokens * ms.hidden * e
     m = ms.moe
-    routed = ffn_bytes(ms, tokens / tp * m.top_k, m.expert_ffn, e)
+    routed = routed_bytes(ms, tokens, tp, e)
     shared = ffn_bytes(ms, tokens, m.shared_width * m.shared_experts / tp, e) - tokens * ms.hidden * e \
         if m.shared_experts else 0.0
     return out + tokens * m.experts * 4 + routed + shared
