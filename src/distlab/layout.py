@@ -8,6 +8,10 @@ are `distlab.mesh`'s (`AXIS_ORDER`, pp outermost and tp innermost, and HSDP's `d
 `dp_shard` in dp's place); so are the checks on the sizes and their messages. torchtitan keeps the same
 one object (`ParallelDims`) that every consumer reads.
 
+A mixture of experts may split its experts differently over the same ranks (parallel folding, Liu et al.
+2025): `Layout(dp=128, pp=16, experts=ExpertFold(ep=64))` (`distlab.expert_fold`) keeps attention's
+sizes as the axes and derives the experts' edp = world / (pp ep etp) (`edp`, `expert_sizes`).
+
 Chapter 9's `Plan3D` and planner candidates, its published runs, chapter 12's dry-run layouts and chapter
 7's `MemoryConfig` each expose theirs as `.layout`. "Is this axis in the mesh" is asked of a running
 mesh, not of sizes: `distlab.mesh.require_axes` is that one check and its message.

@@ -7,8 +7,9 @@ what the planner must assume where the source is silent (each in `assumed`, prin
 - **H800** (DeepSeek-V3's pre-training): the catalog has no H800. It is the H100's GH100 chip with the
   same Tensor Core peaks and 80 GB of HBM3 and NVLink cut to 400 GB/s in both directions (200 GB/s per
   direction), with one 400 Gb/s InfiniBand NIC per GPU (Zhao et al. 2025, "Insights into DeepSeek-V3",
-  arXiv 2505.09343, sec. 2 and 4; DeepSeek-AI 2024 sec. 3.2.2 measures 160 GB/s NVLink against 50 GB/s
-  InfiniBand). So it is priced as the catalog's H100 with `intra_GBps=200`.
+  arXiv 2505.09343, as the search tool's secondary sources quote it; the paper was not re-read here.
+  DeepSeek-AI 2024 sec. 3.2.2 gives 160 GB/s of NVLink against 50 GB/s of InfiniBand achieved). So it is
+  priced as the catalog's H100 (DGX H100: one 400 Gb/s NIC per GPU) with `intra_GBps=200`.
 - DeepSeek-V3's router sends each token to at most M = 4 nodes (DeepSeek-AI 2024, sec. 2.1.2; the
   released config's topk_group = 4 of n_group = 8), so every DeepSeek-V3 row is priced node-limited.
 - FP8 rows use chapter 7's FP8 GEMM pricing; the Megatron-Bridge H100 DeepSeek-V3 row has no precision
