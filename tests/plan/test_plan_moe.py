@@ -109,3 +109,18 @@ def test_deepseek_v3_pretraining_throughput_from_gpu_hours() -> None:
 def test_table_lists_every_judged_row() -> None:
     text = moe_published.table()
     assert all(r.name in text for r in moe_published.JUDGED) and "| ratio |" in text
+
+
+def test_command_prints_the_assumptions_and_the_judgement(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from distlab.plan.__main__ import main
+
+    assert main(["--moe-published", "deepseek-v3"]) == 0
+    text = capsys.readouterr().out
+    assert "DualPipe's claim" in text and "| deepseek-v3 | 888 | 1,543 | 0.58 |" in text
+    assert main(["--moe-published", "all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["name"] for r in rows] == [r.name for r in moe_published.JUDGED]
+    with pytest.raises(ValueError, match="moe-published='nope' is unknown"):
+        moe_published.report("nope")

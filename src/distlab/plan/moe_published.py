@@ -137,3 +137,20 @@ def table(rows: tuple[JudgedRow, ...] = JUDGED) -> str:
         lines.append(f"| {row.name} | {j['predicted']:,.0f} | {j['reported']:,.0f} | {j['ratio']:.2f} | "
                      f"{verdict(j)} |")
     return "\n".join(lines)
+
+
+def report(name: str = "all") -> dict[str, Any]:
+    """The judgement of one judged row (`name`) or of all of them, as plain data (the command's --json)."""
+    rows = JUDGED if name == "all" else tuple(r for r in JUDGED if r.name == name)
+    if not rows:
+        raise ValueError(f"moe-published={name!r} is unknown; choose all or one of "
+                         f"{', '.join(r.name for r in JUDGED)}")
+    return {"tolerance": TOLERANCE, "rows": [{**judge(r), "verdict": verdict(judge(r))} for r in rows]}
+
+
+def report_text(name: str = "all") -> str:
+    """What `python -m distlab.plan --moe-published NAME` prints: each row's assumptions, then the table."""
+    rows = tuple(r for r in JUDGED if name in ("all", r.name))
+    report(name)  # the same check of the name
+    lines = [f"{r.name}: {r.assumptions.describe()}; assumed: {'; '.join(r.assumed)}" for r in rows]
+    return "\n".join(lines) + "\n\n" + table(rows)
