@@ -71,6 +71,8 @@ def test_bad_moe_configurations_name_the_fix() -> None:
         replace(c, shape=replace(c.shape, moe=None))
     with pytest.raises(ValueError, match="pipeline='gpipe' is unknown"):
         MoEAssumptions(pipeline="gpipe")
+    with pytest.raises(ValueError, match="fp8_casts='none' is unknown"):
+        MoEAssumptions(fp8_casts="none")
     with pytest.raises(ValueError, match="ep=3 does not divide experts=128"):
         MoEConfig(c.shape, Layout(dp=6, experts=ExpertFold(ep=3)), ClusterSpec(gpu="H100", nodes=1,
                                                                               gpus_per_node=6), batch=6)
@@ -78,20 +80,21 @@ def test_bad_moe_configurations_name_the_fix() -> None:
 
 # The verdicts: ratio of predicted to reported tokens/s/GPU, as the planner gives them today. Each row that
 # is off carries its explanation; the test holds both, so a change to the model shows up here.
-VERDICTS = {  # name: (ratio, priced in BF16 instead)
-    "deepseek-v3": (0.58, 1.01),
-    "bridge-deepseek-v3-h100": (0.53, 0.88),
-    "bridge-deepseek-v3-b200": (0.35, 1.19),
-    "bridge-qwen3-30b-a3b-h100": (1.29, 5.27),
+VERDICTS = {  # name: (ratio, priced in BF16 instead, FP8 with the casts fused)
+    "deepseek-v3": (0.58, 1.01, 1.71),
+    "bridge-deepseek-v3-h100": (0.53, 0.88, 1.18),
+    "bridge-deepseek-v3-b200": (0.35, 1.19, 1.82),
+    "bridge-qwen3-30b-a3b-h100": (1.29, 5.27, 7.15),
 }
 
 
 @pytest.mark.parametrize("row", moe_published.JUDGED, ids=lambda r: r.name)
 def test_published_moe_rows_judged(row: moe_published.JudgedRow) -> None:
     j = moe_published.judge(row)
-    ratio, bf16 = VERDICTS[row.name]
+    ratio, bf16, fused = VERDICTS[row.name]
     assert j["ratio"] == pytest.approx(ratio, abs=0.005)
     assert j["bf16_ratio"] == pytest.approx(bf16, abs=0.005)
+    assert j["fused_ratio"] == pytest.approx(fused, abs=0.005)
     assert j["agrees"] == (abs(ratio - 1) <= 0.2)
     line = moe_published.verdict(j)
     assert (line.startswith("agrees") if j["agrees"] else

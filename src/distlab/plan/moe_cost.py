@@ -12,7 +12,9 @@ kernels' efficiency (`distlab.plan.efficiency`, as the dense planner):
   counted as the dense planner counts them (Narayanan et al. 2021, eq. (3): 4 s h per token and layer
   when a d = h). With FP8 (`MoEAssumptions.fp8`) the linear layers' share runs `speedup` times faster, the
   bf16 / FP8 time of an expert's GEMM at its size from chapter 7's `distlab.memory.fp8.cost_model`
-  (measured kernel rates on the H100 and H200; on other GPUs the H100's, carried, as eta is carried).
+  (measured kernel rates on the H100 and H200; on other GPUs the H100's, carried, as eta is carried),
+  with its casts as separate kernels (`fp8_casts="separate"`, chapter 7's default) or fused away
+  (`"fused"`, the FP8 GEMM alone: the best case, 2x on these sizes).
 - **a2a**: per MoE layer and micro-batch 4 all-to-alls (dispatch and combine, forward and backward) of
   T k h b bytes per rank, T = b s / (tp cp) tokens (attention's tp ranks split their tokens for the MoE,
   as `distlab.moe.folded_block` does). The ep group is ep etp consecutive GPUs (Megatron-Core's
@@ -52,6 +54,7 @@ from distlab.plan.inputs import ClusterSpec
 
 PIPELINES = ("1f1b", "dualpipe")
 MOE_TERMS = ("compute", "bubble", "a2a", "tp", "pp", "dp")
+FP8_CASTS = ("separate", "fused")
 FP8_MEASURED = ("H100", "H200")  # GPUs with measured FP8 kernel rates (`distlab.kernel_rates.SPECS`)
 
 
@@ -64,11 +67,14 @@ class MoEAssumptions:
     max_nodes: int | None = None  # node-limited routing: each token's experts on at most M nodes
     fp8: bool = False  # FP8 linear layers, priced by chapter 7's FP8 cost model
     fp8_dispatch: bool = False  # the forward dispatch sends FP8 values (1 byte)
+    fp8_casts: str = "separate"  # "separate": chapter 7's casts, one kernel per operand; "fused": none
     efficiency: float | None = None  # eta; None: the GPU type's (`distlab.plan.efficiency`)
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINES:
             raise ValueError(f"pipeline={self.pipeline!r} is unknown; choose one of {', '.join(PIPELINES)}")
+        if self.fp8_casts not in FP8_CASTS:
+            raise ValueError(f"fp8_casts={self.fp8_casts!r} is unknown; choose one of {', '.join(FP8_CASTS)}")
 
     def describe(self) -> str:
         """One line per assumption, as the planner prints them."""
@@ -78,7 +84,8 @@ class MoEAssumptions:
             "DualPipe bubble (m + p/2 - 1 slots)" if self.pipeline == "dualpipe"
             else "1F1B bubble ((p - 1)/v slots)",
             f"node-limited routing M = {self.max_nodes}" if self.max_nodes else "no node limit",
-            "FP8 linear layers (chapter 7's FP8 cost)" if self.fp8 else "BF16 linear layers",
+            (f"FP8 linear layers (chapter 7's FP8 cost, casts {self.fp8_casts})" if self.fp8
+             else "BF16 linear layers"),
             "FP8 dispatch" if self.fp8_dispatch else "BF16 dispatch"])
 
 
@@ -174,13 +181,16 @@ def model_flops(ms: ModelShape, tokens: int) -> float:
     return 3 * tokens * sum(_layers_flops(ms, dense, ms.layers - dense, True))
 
 
-def fp8_speedup(c: MoEConfig) -> float:
-    """bf16 / FP8 time of one expert GEMM (tokens per expert x h x F_e) from chapter 7's FP8 cost model;
-    on a GPU without measured FP8 kernel rates, the H100's at the same size (carried, module docstring)."""
+def fp8_speedup(c: MoEConfig, casts: str = "separate") -> float:
+    """bf16 / FP8 time of one expert GEMM (tokens per expert x h x F_e) from chapter 7's FP8 cost model,
+    with its casts ("separate") or with the casts fused into the neighbouring kernels, as Transformer
+    Engine does ("fused": the FP8 GEMM alone, the best case); on a GPU without measured FP8 kernel rates,
+    the H100's at the same size (carried, module docstring)."""
     ms, e = c.shape, c.layout.expert_sizes
     m = c.tokens_per_rank * ms.moe.top_k * e["ep"] / ms.moe.experts
     gpu = c.cluster.gpu if c.cluster.gpu in FP8_MEASURED else "H100"
-    return fp8_cost.speedup(m, ms.hidden, ms.moe.expert_ffn // e["etp"], gpu)
+    t = fp8_cost.linear_times(m, ms.hidden, ms.moe.expert_ffn // e["etp"], gpu)
+    return t["bf16"] / (t["fp8"] if casts == "separate" else t["fp8 gemm"])
 
 
 def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
@@ -248,7 +258,7 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     lay, cl, ms = c.layout, c.cluster, c.shape
     n, pp, v, m = cl.gpus, lay.size("pp"), c.interleave, c.microbatches
     rate = cl.peak_flops * (a.efficiency if a.efficiency is not None else efficiency_for(cl.gpu))
-    speed = fp8_speedup(c) if a.fp8 else 1.0
+    speed = fp8_speedup(c, a.fp8_casts) if a.fp8 else 1.0
     tokens = c.dp * c.micro_batch * m * ms.seq
     dense = ms.moe.dense_layers
     lin, att = _layers_flops(ms, dense, ms.layers - dense, True)

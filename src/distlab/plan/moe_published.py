@@ -96,9 +96,11 @@ def judge(row: JudgedRow) -> dict[str, Any]:
     predicted = t.tokens_per_s_per_gpu(c.cluster.gpus)
     ratio = predicted / row.reported()
     bf16 = moe_step_time(c, replace(row.assumptions, fp8=False)).tokens_per_s_per_gpu(c.cluster.gpus)
+    fused = moe_step_time(c, replace(row.assumptions, fp8_casts="fused")).tokens_per_s_per_gpu(c.cluster.gpus)
     return {"name": row.name, "predicted": predicted, "reported": row.reported(), "ratio": ratio,
             "agrees": abs(ratio - 1) <= TOLERANCE, "step_s": t.total, "bf16_predicted": bf16,
             "bf16_ratio": bf16 / row.reported(), "fp8": row.assumptions.fp8,
+            "fused_predicted": fused, "fused_ratio": fused / row.reported(),
             "implied_eta": row.reported() * t.model_flops / t.tokens / c.cluster.peak_flops,
             "eta": row.assumptions.efficiency or efficiency_for(c.cluster.gpu),
             "model_states_gb": moe_states(c.shape, c.layout, zero=1).model_states_bytes / 1e9,
@@ -125,7 +127,8 @@ def explain(j: dict[str, Any]) -> str:
     if j["fp8"]:
         text += (f"; chapter 7's FP8 pricing makes the linear layers {j['fp8_speedup']:.2f}x as fast as BF16 "
                  f"(an expert GEMM with both operands cast, unfused); priced in BF16: "
-                 f"{j['bf16_predicted']:,.0f} tok/s/GPU, ratio {j['bf16_ratio']:.2f}")
+                 f"{j['bf16_predicted']:,.0f} tok/s/GPU, ratio {j['bf16_ratio']:.2f}; with the casts fused "
+                 f"(the FP8 GEMM alone): {j['fused_predicted']:,.0f}, ratio {j['fused_ratio']:.2f}")
     return text
 
 
