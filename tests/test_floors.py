@@ -24,7 +24,7 @@ GROUND = frozenset({
     "launch", "mesh", "layout", "model_shape", "comm_log", "comm_record", "dist_compat", "parity",
     "reference", "sharding", "timing", "checks", "style", "catalog", "catalog_rows", "device_names",
     "kernel_rates", "cli_types", "explorers", "topology", "ring_hops", "progress_record", "staged_p2p",
-    "models",
+    "models", "moe_shape", "expert_fold",
 })
 # The roof: the tools that import the chapters (the command, the chapter table, the figure registry...).
 ROOF = frozenset({

@@ -8,6 +8,10 @@ are `distlab.mesh`'s (`AXIS_ORDER`, pp outermost and tp innermost, and HSDP's `d
 `dp_shard` in dp's place); so are the checks on the sizes and their messages. torchtitan keeps the same
 one object (`ParallelDims`) that every consumer reads.
 
+A mixture of experts may split its experts differently over the same ranks (parallel folding, Liu et al.
+2025): `Layout(dp=128, pp=16, experts=ExpertFold(ep=64))` (`distlab.expert_fold`) keeps attention's
+sizes as the axes and derives the experts' edp = world / (pp ep etp) (`edp`, `expert_sizes`).
+
 Chapter 9's `Plan3D` and planner candidates, its published runs, chapter 12's dry-run layouts and chapter
 7's `MemoryConfig` each expose theirs as `.layout`. "Is this axis in the mesh" is asked of a running
 mesh, not of sizes: `distlab.mesh.require_axes` is that one check and its message.
@@ -21,6 +25,7 @@ from dataclasses import dataclass, fields
 from torch.distributed.device_mesh import DeviceMesh
 
 from distlab import mesh as meshes
+from distlab.expert_fold import ExpertFold
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +39,33 @@ class Layout:
     ep: int | None = None
     dp_replicate: int | None = None
     dp_shard: int | None = None
+    experts: ExpertFold | None = None  # the experts' own ep x etp over the same ranks (`expert_fold`)
 
     def __post_init__(self) -> None:
         meshes.layout_sizes(self._given(), None)  # raises, naming the axis and the fix
+        if self.experts is not None:
+            if self.ep is not None:
+                raise ValueError("give the experts' sizes once: either the ep axis (ep=, a mesh axis of its "
+                                 "own) or experts=ExpertFold(ep=, etp=) folded over the other axes, not both")
+            self.experts.edp(self.world_size, self.size("pp"))  # raises, naming the sizes and the fix
 
     def _given(self) -> dict[str, int | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "experts"}
+
+    @property
+    def edp(self) -> int:
+        """The experts' data-parallel size under `experts` (world / (pp ep etp)); without a fold, the
+        ranks that hold the same experts are the dp ranks: dp (x the ep axis's borrowed ranks, none)."""
+        if self.experts is None:
+            return self.size("dp") * self.size("cp")
+        return self.experts.edp(self.world_size, self.size("pp"))
+
+    @property
+    def expert_sizes(self) -> dict[str, int]:
+        """{"etp", "ep", "edp", "pp"}: the experts' grid over the same ranks (ep the axis's, etp 1, with no
+        fold)."""
+        fold = self.experts or ExpertFold(self.size("ep"))
+        return {"etp": fold.etp, "ep": fold.ep, "edp": self.edp, "pp": self.size("pp")}
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -75,8 +101,13 @@ class Layout:
     def label(self, *axes: str) -> str:
         """"(dp,pp,tp)=(2,2,2)": the sizes of `axes` in the order given (default: the named axes in the
         order of the fields: dp, pp, tp, cp, ep, dp_replicate, dp_shard)."""
-        names = axes or tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
-        return f"({','.join(names)})=({','.join(str(self.size(a)) for a in names)})"
+        names = axes or tuple(f.name for f in fields(self)
+                              if getattr(self, f.name) is not None and f.name != "experts")
+        text = f"({','.join(names)})=({','.join(str(self.size(a)) for a in names)})"
+        if self.experts is not None and not axes:
+            e = self.expert_sizes
+            text += f" experts (etp,ep,edp)=({e['etp']},{e['ep']},{e['edp']})"
+        return text
 
     @classmethod
     def of(cls, mesh: DeviceMesh) -> Layout:

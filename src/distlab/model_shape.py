@@ -20,13 +20,19 @@ The whole count is L (W + biases) + V h (twice untied) + s h (with positions) + 
 W = 2 h^2 + 2 h h_kv + (3 if gated else 2) h f and, with biases, 7 h + 2 h_kv + f (2 f gated) per block
 (four LayerNorm vectors, the q, k, v, attention-output and MLP biases); without biases only the LayerNorm
 weights remain (2 h per block, h at the end), as `distlab.models.GPT(bias=False)` has them.
+
+A mixture of experts is `moe=MoEShape(...)` (`distlab.moe_shape`, where its counts live): the first
+`moe.dense_layers` blocks keep this MLP (f = `ffn`), the others route to experts; `params` and
+`active_params` then count through `moe_shape` (`moe_layer_params`, `dense_layer_params`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from distlab import moe_shape
 from distlab.models import GPTConfig
+from distlab.moe_shape import MoEShape
 
 
 def kv_width(hidden: int, heads: int, kv_heads: int | None) -> int:
@@ -65,6 +71,7 @@ class ModelShape:
     tied: bool = True
     positions: bool = True
     bias: bool = True
+    moe: MoEShape | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
@@ -78,6 +85,8 @@ class ModelShape:
                              "or leave it out (kv_heads = heads, multi-head attention)")
         if self.ffn is not None:
             _check_positive_int("ffn", self.ffn)
+        if self.moe is not None:
+            moe_shape.check_layers(self.moe, self.layers)
 
     @property
     def kv_width(self) -> int:
@@ -94,7 +103,7 @@ class ModelShape:
         """Whether the block or the embeddings depart from the course's GPT (GPT-2's block, tied, learned
         positions): what `to_gpt_config` cannot build."""
         return (self.kv_heads not in (None, self.heads) or self.ffn not in (None, 4 * self.hidden)
-                or self.gated or not self.tied or not self.positions)
+                or self.gated or not self.tied or not self.positions or self.moe is not None)
 
     @property
     def block_weights(self) -> int:
@@ -116,11 +125,63 @@ class ModelShape:
         return self.block_weights + self.block_biases
 
     @property
+    def embedding_params(self) -> int:
+        """The input embedding, the untied output layer and the learned positions."""
+        h = self.hidden
+        return self.vocab * h * (1 if self.tied else 2) + (self.seq * h if self.positions else 0)
+
+    @property
     def params(self) -> int:
         """Parameters of the whole model, each counted once (module docstring)."""
         h = self.hidden
-        embeddings = self.vocab * h * (1 if self.tied else 2) + (self.seq * h if self.positions else 0)
-        return self.layers * self.block_params + embeddings + (2 * h if self.bias else h)
+        end = 2 * h if self.bias else h
+        if self.moe is not None:
+            moe_layers = self.layers - self.moe.dense_layers
+            return (self.moe.dense_layers * self.dense_layer_params + moe_layers * self.moe_layer_params
+                    + self.embedding_params + end)
+        return self.layers * self.block_params + self.embedding_params + end
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all of a dense model; an MoE model less the (E - k) routed experts
+        per MoE layer it does not visit (`distlab.moe_shape`)."""
+        if self.moe is None:
+            return self.params
+        idle = (self.moe.experts - self.moe.top_k) * self.expert_params
+        return self.params - (self.layers - self.moe.dense_layers) * idle
+
+    @property
+    def attention_params(self) -> int:
+        """One MoE model block's attention parameters (`moe_shape.attention_params`; MoE shapes only)."""
+        return moe_shape.attention_params(self._moe(), self.hidden, self.heads, self.kv_heads, self.bias)
+
+    @property
+    def norm_params(self) -> int:
+        """One block's two norms: LayerNorms (weight and bias) with biases, else RMSNorm weights."""
+        return (4 if self.bias else 2) * self.hidden
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (MoE shapes only)."""
+        return moe_shape.expert_params(self._moe(), self.hidden, self.gated, self.bias)
+
+    @property
+    def dense_layer_params(self) -> int:
+        """One of an MoE model's dense blocks: attention, norms and the MLP of width `ffn`."""
+        return (self.attention_params + self.norm_params
+                + moe_shape.ffn_params(self.hidden, self.ffn_size, self.gated, self.bias))
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE block: attention, norms, router, every routed expert and the shared experts."""
+        m, h = self._moe(), self.hidden
+        return (self.attention_params + self.norm_params + moe_shape.router_params(m, h)
+                + m.experts * self.expert_params + moe_shape.shared_params(m, h, self.gated, self.bias))
+
+    def _moe(self) -> MoEShape:
+        if self.moe is None:
+            raise ValueError(f"{self} is dense (moe=None); give moe=MoEShape(...) for the counts of experts")
+        return self.moe
 
     def in_gpt_block(self) -> ModelShape:
         """The same sizes in the course's GPT block: multi-head attention, a 4h GELU MLP, tied embeddings

@@ -19,6 +19,8 @@ recorded, not predicted. One idea per file:
   `agreement`, measured beside predicted;
 - `parity`: `small_world_check`, the same step on a few real ranks equal to one process, and the dry run
   equal to the real run call for call;
+- `moe_rank`: a DeepSeek-V3-shaped rank: `stage_modules` (one rank's stage of a published MoE layout on the
+  meta device) and `moe_layer_step` (one MoE layer's all-to-alls and saved tensors on the fake world);
 - `report`: the tables the command line and the lab print;
 - `__main__`: `python -m distlab.dryrun --published llama3-405b-16k --rank 5`.
 """

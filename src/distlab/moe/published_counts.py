@@ -1,7 +1,8 @@
 """What the published MoE rows imply without any model of the machine: parameters, data-parallel sizes,
 experts per rank, and where each expert-parallel group lies (DeepSeek-AI 2024; Liu et al. 2025).
 
-Parameters (`parameter_counts`), from a `PublishedShape`, with SwiGLU FFNs (three hidden x width
+Parameters (`parameter_counts`), from a `PublishedShape` through its `ModelShape` (the counts live in
+`distlab.moe_shape`), with SwiGLU FFNs (three hidden x width
 matrices each) and RMSNorm weights:
 
 - embedding V h, and an output head of V h more unless tied;
@@ -45,36 +46,11 @@ class ParameterCount:
                 None if not self.published_active else self.active / self.published_active)
 
 
-def _attention(s: PublishedShape) -> int:
-    h, a = s.hidden, s.heads
-    if s.mla is not None:
-        m = s.mla
-        return (h * m.q_rank + m.q_rank + m.q_rank * a * (m.qk_nope + m.qk_rope)
-                + h * (m.kv_rank + m.qk_rope) + m.kv_rank + m.kv_rank * a * (m.qk_nope + m.v_dim)
-                + a * m.v_dim * h)
-    kv = s.kv_heads if s.kv_heads is not None else a
-    weights = h * a * s.head_dim + 2 * h * kv * s.head_dim + a * s.head_dim * h
-    bias = (a + 2 * kv) * s.head_dim if s.qkv_bias else 0
-    return weights + bias + (2 * s.head_dim if s.qk_norm else 0)
-
-
-def _moe_layer(s: PublishedShape) -> tuple[int, int]:
-    """(parameters of one MoE layer's FFN, those of its routed experts a token does not visit)."""
-    expert = 3 * s.hidden * s.expert_ffn
-    shared = s.shared_experts * 3 * s.hidden * s.shared_ffn + (s.hidden if s.shared_gate else 0)
-    return s.hidden * s.experts + s.experts * expert + shared, (s.experts - s.top_k) * expert
-
-
 def parameter_counts(shape: PublishedShape) -> ParameterCount:
-    """Total and active parameters of `shape` (module docstring)."""
-    h = shape.hidden
-    embeddings = shape.vocab * h * (1 if shape.tied_embeddings else 2)
-    moe_layers = shape.layers - shape.dense_layers
-    moe, idle = _moe_layer(shape)
-    per_layer = _attention(shape) + 2 * h  # attention and the two RMSNorms
-    total = (embeddings + h + shape.layers * per_layer + shape.dense_layers * 3 * h * shape.dense_ffn
-             + moe_layers * moe)
-    return ParameterCount(total, total - moe_layers * idle, shape.published_total, shape.published_active)
+    """Total and active parameters of `shape` (module docstring), counted by the course's one model shape
+    (`PublishedShape.model_shape()`, `distlab.moe_shape`)."""
+    ms = shape.model_shape()
+    return ParameterCount(ms.params, ms.active_params, shape.published_total, shape.published_active)
 
 
 @dataclass(frozen=True)

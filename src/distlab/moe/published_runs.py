@@ -14,18 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.model_shape import ModelShape
+from distlab.moe_shape import MLA, MoEShape
 
-@dataclass(frozen=True)
-class MLA:
-    """Multi-head latent attention's projection sizes (DeepSeek-AI 2024, sec. 2.1.1): queries and the
-    joint key-value are compressed to `q_rank` and `kv_rank`; each head has `qk_nope` + `qk_rope` dims
-    for queries and keys and `v_dim` for values."""
-
-    q_rank: int
-    kv_rank: int
-    qk_nope: int
-    qk_rope: int
-    v_dim: int
+__all__ = ["MLA", "PUBLISHED_RUNS", "PublishedRun", "PublishedShape", "run"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +50,17 @@ class PublishedShape:
     published_total: float | None = None
     published_active: float | None = None
     source: str = ""
+
+    def model_shape(self, seq: int = 4096) -> ModelShape:
+        """The course's one `ModelShape` of this model (SwiGLU, RMSNorm, no biases, no learned positions;
+        sequences of `seq`), whose `params` and `active_params` are the counts (`distlab.moe_shape`)."""
+        moe = MoEShape(experts=self.experts, top_k=self.top_k, expert_ffn=self.expert_ffn,
+                       shared_experts=self.shared_experts, shared_ffn=self.shared_ffn or None,
+                       shared_gate=self.shared_gate, dense_layers=self.dense_layers, head_dim=self.head_dim,
+                       qkv_bias=self.qkv_bias, qk_norm=self.qk_norm, mla=self.mla)
+        return ModelShape(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab, seq=seq,
+                          kv_heads=self.kv_heads, ffn=self.dense_ffn or None, gated=True,
+                          tied=self.tied_embeddings, positions=False, bias=False, moe=moe)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,10 @@ One idea per file:
   Megatron-Turing NLG), and `OPTIONS_OF_THE_TIME`.
 - `planner`: `evaluate`, `plan` (fits, fastest first), `pinned` (one configuration), `judge` (a
   published run), `explain`.
+- `moe_cost`: a mixture of experts on a folded layout (`MoEConfig`, `MoEAssumptions`, `moe_step_time`):
+  compute on the active parameters, the all-to-all priced by where its group lies, node-limited routing
+  and the overlap a run claims; `moe_published`: chapter 6's published MoE rows judged (`JUDGED`, `judge`,
+  `table`).
 - `report`: the text table and the published runs as markdown; `figures`: the pictures.
 - `python -m distlab.plan [--json] [--preset NAME | --published NAME | shape flags] [--dp --tp --pp --cp
   --zero --recompute --micro-batch --interleave]`.

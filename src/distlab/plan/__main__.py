@@ -2,6 +2,7 @@
 
     python -m distlab.plan --preset megatron-1t --gpu A100 --nodes 384 --batch 3072
     python -m distlab.plan --published llama3-405b-8k --json --explain
+    python -m distlab.plan --moe-published all        # the published MoE rows, judged (moe_published)
     python -m distlab.plan --preset bloom-176b --nodes 48 --batch 2048 --dp 8 --tp 4 --pp 12 --cp 1 \\
         --zero 1 --recompute full --micro-batch 2 --interleave 1 --json
 
@@ -20,7 +21,7 @@ from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.estimate.cost_model import RECOMPUTE
 from distlab.memory.estimate.optimizer_step import FORMS
-from distlab.plan import limits
+from distlab.plan import limits, moe_published
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
 from distlab.plan.inputs import HBM_GB, PRESETS, ClusterSpec, ModelSpec, Workload, preset
 from distlab.plan.planner import Row, explain, judge, pinned, plan
@@ -50,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--published", choices=[r.name for r in RUNS],
                    help="a published run: its model, cluster, batch and assumptions replace the model, "
                    "cluster and batch flags; the search-space flags still apply")
+    g.add_argument("--moe-published", choices=["all", *(r.name for r in moe_published.JUDGED)],
+                   help="judge a published MoE run (or all) on its folded layout and print the assumptions, "
+                   "the prediction and the verdict (distlab.plan.moe_published); other flags are ignored")
     for name in SHAPE:
         g.add_argument(f"--{name}", type=WHOLE, help=f"model {name} (e-notation accepted)")
     g.add_argument("--kv-heads", type=WHOLE, help="key/value heads (grouped-query attention); default: heads")
@@ -184,6 +188,13 @@ def report(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
+    if a.moe_published:
+        if a.json:
+            json.dump(moe_published.report(a.moe_published), sys.stdout, indent=1)
+            print()
+        else:
+            print(moe_published.report_text(a.moe_published))
+        return 0
     try:
         out = report(a, p)
     except ValueError as e:

@@ -15,4 +15,6 @@
   It replays `gpt_step` (a block's ops and their tensors), `gpt_ends` (the embedding, the output layer
   and the loss) and `optimizer_step` (Adam's for-loop, foreach and fused forms) on a `timeline.Timeline`
   (live bytes by kind).
+- `moe_states`, `moe_activations`: a mixture of experts (`ModelShape(moe=...)`) under parallel folding:
+  model states per rank over dp and edp, dispatch buffers, and an approximate peak (MLA included).
 """

@@ -1,0 +1,45 @@
+"""Chapter 12's dry run of a DeepSeek-V3-shaped rank: its modules on the meta device hold exactly the
+parameters chapter 7's MoE estimator counts, and one MoE layer's dispatch and combine on the fake world of
+2,048 ranks move exactly the bytes chapter 9's cost model prices."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from distlab.dryrun.moe_rank import moe_layer_step, split_counts, stage_modules
+from distlab.memory.estimate.moe_activations import routed_bytes
+from distlab.memory.estimate.moe_states import moe_states, stage_params
+from distlab.plan import moe_published
+from distlab.plan.moe_cost import MoEAssumptions, a2a_bytes
+
+
+@pytest.mark.parametrize("name", [r.name for r in moe_published.JUDGED])
+def test_meta_modules_of_every_stage_hold_what_the_estimator_counts(name: str) -> None:
+    config = next(r for r in moe_published.JUDGED if r.name == name).config()
+    counted = stage_params(config.shape, config.layout)
+    for stage in range(config.layout.size("pp")):
+        assert split_counts(stage_modules(config.shape, config.layout, stage)) == counted[stage], stage
+
+
+def test_deepseek_v3_rank_model_states_fit_and_its_all_to_all_is_the_cost_models() -> None:
+    row = next(r for r in moe_published.JUDGED if r.name == "deepseek-v3")
+    config = row.config()  # 2,048 H800: pp 16, ep 64, dp 128, edp 2
+    dense, experts = split_counts(stage_modules(config.shape, config.layout, 15))
+    states = moe_states(config.shape, config.layout, zero=1)  # BF16 weights and gradients, ZeRO-1 Adam
+    assert states.stage == 15 and states.params_bytes == 2 * (dense + experts)
+    assert states.model_states_bytes < 80e9 * 0.2  # 11.9 GB of model states on an 80 GB H800
+    traffic = moe_layer_step(config.shape, config.layout, rank=1000)
+    assert traffic.calls == 4 and traffic.group_size == 64
+    assert traffic.nbytes == sum(a2a_bytes(config, MoEAssumptions()))  # 4 x T k h x 2 bytes, T = 4096
+    assert traffic.nbytes == 4 * 4096 * 8 * 7168 * 2
+    assert traffic.sent_bytes == pytest.approx(traffic.nbytes * 63 / 64)
+    # what autograd saved for the routed experts: the estimator's term to the byte (well within 1 %)
+    assert traffic.saved_bytes == routed_bytes(config.shape, 4096, 1)
+
+
+def test_stage_modules_refuses_a_shape_it_does_not_build() -> None:
+    config = moe_published.JUDGED[0].config()
+    with pytest.raises(ValueError, match="published MoE shape"):
+        stage_modules(replace(config.shape, bias=True), config.layout, 0)
