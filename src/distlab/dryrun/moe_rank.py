@@ -13,7 +13,9 @@ the embedding on the first stage, the final norm and the output layer on the las
 dispatch, experts and combine on the meta device, forward and backward, with force-balanced routing (each
 token's k copies spread evenly over the ep ranks, as the Megatron-Bridge benchmarks force-balance them),
 and returns what `distlab.comm_log` recorded: the all-to-alls' buffers, which chapter 9's cost model
-(`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch.
+(`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch, and what autograd saved for the
+backward of the experts and of the combine (each returned copy weighted by its gate), which chapter 7's
+`moe_activations.routed_bytes` counts.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class MoELayerTraffic:
     nbytes: int  # the sum of the whole buffers B
     sent_bytes: float  # what left the rank ((p - 1)/p of each buffer, its own chunk kept)
     group_size: int
-    saved_bytes: int  # what autograd saved for the backward of the routed experts, each storage once
+    saved_bytes: int  # what autograd saved for the backward of the routed experts and the combine
 
 
 def _ep_group(layout: Layout, rank: int) -> list[int]:
@@ -141,6 +143,7 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
             experts = nn.ModuleList(SwiGLU(h, ms.moe.expert_ffn)
                                     for _ in range(ms.moe.experts // ep)).to(dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
+            gates = torch.empty(tokens, k, 1, dtype=dtype, requires_grad=True)
         splits = [tokens * k // ep] * ep
         weights = {storage_key(p) for p in experts.parameters()}
         saved: dict[int, int] = {}
@@ -156,8 +159,9 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
             parts = got.view(len(experts), -1, h)
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = torch.cat([e(parts[i]) for i, e in enumerate(experts)])
-            back = all_to_all(out, splits, splits, group)
-            back.view(tokens, k, h).sum(1).sum().backward()
+                back = all_to_all(out, splits, splits, group)
+                y = (back.view(tokens, k, h) * gates).sum(1)  # the combine, each copy weighted by its gate
+            y.sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),
                            ep, sum(saved.values()))

@@ -14,9 +14,13 @@ value (2 for BF16), nothing recomputed:
   then q and k, T a (d_nope + d_rope) each, v T a d_v and the attention output T a d_v, / tp, and the
   log-sum-exp. This is the approximation: a kernel that fuses the up-projections (or DeepSeek-V3's
   recomputation of the norms and the up-projections, sec. 3.2.3) saves less, and that is not counted;
-- **MoE**: the norm's input and output T h; the router's probabilities T E fp32; per routed copy (T / tp
-  tokens x k): the expert's input h, its gate and up outputs 2 F_e and their product F_e (SwiGLU; a GELU
-  expert saves F_e twice); the shared experts as a dense gated MLP of width F_s / tp on T tokens;
+- **MoE**: the norm's input and output T h; the router's probabilities on the rank's T / tp tokens, E
+  fp32 each; per routed copy (T / tp tokens x k): the expert's input h, its gate and up outputs 2 F_e and
+  their product F_e (SwiGLU; a GELU expert saves F_e twice), and the copy's output h as the combine gets
+  it back, with its gate, both kept by the product that weights one by the other; the shared experts as
+  a dense gated MLP of width F_s / tp on T tokens. These are the terms `moe_block_activations.GENERIC`
+  names: on chapter 6's folded block they are its measured bytes less what that implementation saves
+  besides (indices, LayerNorm statistics, the z-loss's logits, its copies of the experts' outputs);
 - **dense MLP** (the first layers): its input T h and 3 T f / tp (2 T f / tp ungated).
 
 A rank's peak (`moe_peak_bytes`) adds to its model states (`moe_states`) the activations of the
@@ -59,8 +63,10 @@ def ffn_bytes(ms: ModelShape, tokens: float, width: float, e: int = 2) -> float:
 
 def routed_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2) -> float:
     """Saved bytes of one layer's routed experts on one rank: T / tp tokens x k copies, each an FFN of
-    width F_e (balanced routing: the rows a rank's experts receive are the rows it sends)."""
-    return ffn_bytes(ms, tokens / tp * ms.moe.top_k, ms.moe.expert_ffn, e)
+    width F_e, and the copy's returned output h and its gate, which the combine multiplies (balanced
+    routing: the rows a rank's experts receive are the rows it sends)."""
+    copies = tokens / tp * ms.moe.top_k
+    return ffn_bytes(ms, copies, ms.moe.expert_ffn, e) + copies * (ms.hidden + 1) * e
 
 
 def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 2) -> float:
@@ -72,7 +78,7 @@ def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 
     routed = routed_bytes(ms, tokens, tp, e)
     shared = ffn_bytes(ms, tokens, m.shared_width * m.shared_experts / tp, e) - tokens * ms.hidden * e \
         if m.shared_experts else 0.0
-    return out + tokens * m.experts * 4 + routed + shared
+    return out + tokens / tp * m.experts * 4 + routed + shared
 
 
 @dataclass(frozen=True)
