@@ -9,11 +9,16 @@ attention's q, k, v, o otherwise), split over tp as chapter 5 splits them, the t
 MoE layer the router, the shared experts (/ tp) and the E / ep routed SwiGLU experts this rank holds;
 the embedding on the first stage, the final norm and the output layer on the last.
 
-`moe_layer_step(...)` makes this process one rank of the fake world (`fake_world`), runs one MoE layer's
-dispatch, experts and combine on the meta device, forward and backward, with force-balanced routing (each
+`moe_layer_step(...)` makes this process one rank of the fake world (`fake_world`), runs the MoE half of
+one layer (a fused RMSNorm, the router, the shared experts, dispatch, the rank's experts and combine) on
+the meta device, forward and backward, with force-balanced routing (each
 token's k copies spread evenly over the ep ranks, as the Megatron-Bridge benchmarks force-balance them),
 and returns what `distlab.comm_log` recorded: the all-to-alls' buffers, which chapter 9's cost model
-(`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch.
+(`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch, what autograd saved for the
+backward of the experts and of the combine (each returned copy weighted by its gate), which chapter 7's
+`moe_activations.routed_bytes` counts, and what it saved for the whole MoE half, which `layer_bytes` less
+`attention_bytes` counts (within 1 %: the estimate leaves out the norm's fp32 reciprocal RMS and the
+top-k's indices).
 """
 
 from __future__ import annotations
@@ -110,13 +115,39 @@ def split_counts(module: nn.Module) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class MoELayerTraffic:
-    """One MoE layer's forward and backward on one rank: the all-to-all buffers comm_log recorded."""
+    """One MoE layer's forward and backward on one rank: the all-to-all buffers comm_log recorded and the
+    bytes autograd saved, each storage once, parameters left out."""
 
     calls: int
     nbytes: int  # the sum of the whole buffers B
     sent_bytes: float  # what left the rank ((p - 1)/p of each buffer, its own chunk kept)
     group_size: int
-    saved_bytes: int  # what autograd saved for the backward of the routed experts, each storage once
+    saved_bytes: int  # saved for the backward of the routed experts and the combine
+    layer_saved_bytes: int  # saved for the backward of the whole MoE half of the layer (norm to combine)
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm (Zhang & Sennrich 2019) as a fused kernel runs it: it saves its input and the fp32
+    reciprocal root mean square of each token, and no intermediate (Megatron-Core's and Transformer
+    Engine's RMSNorm save the same two)."""
+
+    EPS = 1e-6
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 at least, as the kernels compute
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + FusedRMSNorm.EPS)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd
+        gy = grad.to(rstd.dtype) * weight.to(rstd.dtype)
+        dx = rstd * (gy - xhat * (gy * xhat).mean(-1, keepdim=True))
+        dw = (grad.to(rstd.dtype) * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype)
 
 
 def _ep_group(layout: Layout, rank: int) -> list[int]:
@@ -126,10 +157,23 @@ def _ep_group(layout: Layout, rank: int) -> list[int]:
     return list(range(start, start + ep))
 
 
+def _moe_modules(ms: ModelShape, ep: int, tp: int, dtype: torch.dtype) -> nn.ModuleDict:
+    """On the meta device: the MoE half of a layer that one rank runs: its norm's weight, the router, the
+    shared experts (/ tp, one SwiGLU of their summed width) and its E / ep routed experts."""
+    h, m = ms.hidden, ms.moe
+    parts = nn.ModuleDict({"router": nn.Linear(h, m.experts, bias=False),
+                           "experts": nn.ModuleList(SwiGLU(h, m.expert_ffn) for _ in range(m.experts // ep))})
+    if m.shared_experts:
+        parts["shared"] = SwiGLU(h, m.shared_width * m.shared_experts // tp)
+    parts.register_parameter("norm", nn.Parameter(torch.ones(h)))
+    return parts.to(dtype)
+
+
 def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: int = 1,
                    dtype: torch.dtype = torch.bfloat16) -> MoELayerTraffic:
-    """One MoE layer of `ms` on rank `rank` of `layout`'s fake world, forward and backward (module
-    docstring). T = micro_batch s / (tp cp) tokens; each of the ep ranks receives T k / ep rows."""
+    """The MoE half of one layer of `ms` (its RMSNorm, router, shared and routed experts, dispatch and
+    combine) on rank `rank` of `layout`'s fake world, forward and backward (module docstring). T =
+    micro_batch s / (tp cp) tokens; each of the ep ranks receives T k / ep rows."""
     ep, k, h = layout.expert_sizes["ep"], ms.moe.top_k, ms.hidden
     tokens = micro_batch * ms.seq // (layout.size("tp") * layout.size("cp"))
     if tokens * k % ep:
@@ -138,26 +182,34 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
     with fake_world(rank, layout.world_size):
         group = dist.new_group(_ep_group(layout, rank))
         with torch.device("meta"):
-            experts = nn.ModuleList(SwiGLU(h, ms.moe.expert_ffn)
-                                    for _ in range(ms.moe.experts // ep)).to(dtype)
+            parts = _moe_modules(ms, ep, layout.size("tp"), dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
         splits = [tokens * k // ep] * ep
-        weights = {storage_key(p) for p in experts.parameters()}
-        saved: dict[int, int] = {}
+        weights = {storage_key(p) for p in parts.parameters()}
+        saved: dict[str, dict[int, int]] = {"layer": {}, "experts": {}}
+        region = ["layer"]
 
         def pack(t: Tensor) -> Tensor:
             if storage_key(t) not in weights:
-                saved.setdefault(storage_key(t), t.untyped_storage().nbytes())
+                for name in {"layer", region[-1]}:
+                    saved[name].setdefault(storage_key(t), t.untyped_storage().nbytes())
             return t
 
         with comm_log() as log:
-            sent = x.repeat_interleave(k, dim=0)
-            got = all_to_all(sent, splits, splits, group)
-            parts = got.view(len(experts), -1, h)
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = torch.cat([e(parts[i]) for i, e in enumerate(experts)])
-            back = all_to_all(out, splits, splits, group)
-            back.view(tokens, k, h).sum(1).sum().backward()
+                xn = FusedRMSNorm.apply(x, parts.norm)
+                gates = torch.softmax(parts["router"](xn).float(), dim=-1).topk(k, dim=-1).values
+                got = all_to_all(xn.repeat_interleave(k, dim=0), splits, splits, group)
+                chunks = got.view(len(parts["experts"]), -1, h)
+                region.append("experts")
+                out = torch.cat([e(chunks[i]) for i, e in enumerate(parts["experts"])])
+                back = all_to_all(out, splits, splits, group)
+                # the combine, each copy weighted by its gate
+                y = (back.view(tokens, k, h) * gates.to(dtype).unsqueeze(-1)).sum(1)
+                region.pop()
+                if "shared" in parts:
+                    y = y + parts["shared"](xn)
+            y.sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),
-                           ep, sum(saved.values()))
+                           ep, sum(saved["experts"].values()), sum(saved["layer"].values()))
