@@ -23,7 +23,7 @@ kernels' efficiency (`distlab.plan.efficiency`, as the dense planner):
   on NVLink inside the node; node-limited routing caps J at M, chapter 6's `dispatch_cost.expected_nodes`)
   or T k (n - 1)/n without a cap, on the GPU's share of the NICs, while T k (m - 1)/m rows cross NVLink; the
   slower link sets the time. `fp8_dispatch`: the forward dispatch sends 1-byte values (DeepSeek-AI 2024,
-  sec. 3.3.4, dispatch in FP8, combine in BF16).
+  sec. 3.3.3, dispatch in FP8, combine in BF16).
 - **overlap** (`MoEAssumptions.a2a_overlap`, what DualPipe claims: DeepSeek-AI 2024, sec. 3.2.1): one
   micro-batch's all-to-all runs during another's compute, so a layer exposes only what its all-to-all
   takes beyond its compute; without it the whole all-to-all waits.
