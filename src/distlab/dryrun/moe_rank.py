@@ -17,8 +17,10 @@ and returns what `distlab.comm_log` recorded: the all-to-alls' buffers, which ch
 (`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch, what autograd saved for the
 backward of the experts and of the combine (each returned copy weighted by its gate), which chapter 7's
 `moe_activations.routed_bytes` counts, and what it saved for the whole MoE half, which `layer_bytes` less
-`attention_bytes` counts (within 1 %: the estimate leaves out the norm's fp32 reciprocal RMS and the
-top-k's indices).
+`attention_bytes` counts with `sequence_parallel=True` (within 1 %: the estimate leaves out the norm's fp32
+reciprocal RMS and the top-k's indices). With tp > 1 the layer runs as Megatron-Core runs it under the
+sequence parallelism it requires: the norm, router and routed copies on the rank's T / tp tokens, the shared
+expert F_s / tp wide on all T, gathered (`moe_sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import Tensor, nn
 from distlab.comm_log import comm_log
 from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import storage_key
+from distlab.dryrun.moe_sequence_parallel import sequence_parallel_swiglu, tp_group_ranks
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.model_shape import ModelShape
@@ -181,6 +184,7 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
                          "whose tokens x top_k ep divides")
     with fake_world(rank, layout.world_size):
         group = dist.new_group(_ep_group(layout, rank))
+        tp_group = dist.new_group(tp_group_ranks(layout, rank)) if layout.size("tp") > 1 else None
         with torch.device("meta"):
             parts = _moe_modules(ms, ep, layout.size("tp"), dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
@@ -208,7 +212,8 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
                 y = (back.view(tokens, k, h) * gates.to(dtype).unsqueeze(-1)).sum(1)
                 region.pop()
                 if "shared" in parts:
-                    y = y + parts["shared"](xn)
+                    y = y + (parts["shared"](xn) if tp_group is None
+                             else sequence_parallel_swiglu(xn, parts["shared"], tp_group))
             y.sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),
