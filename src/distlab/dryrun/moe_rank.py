@@ -172,6 +172,30 @@ def _moe_modules(ms: ModelShape, ep: int, tp: int, dtype: torch.dtype) -> nn.Mod
     return parts.to(dtype)
 
 
+def moe_forward(parts: nn.ModuleDict, x: Tensor, k: int, groups: tuple, region: list[str]) -> Tensor:
+    """The MoE half of a layer on the rank's tokens `x` (T, h): RMSNorm, router, dispatch over `groups[0]`
+    (ep) with force-balanced routing, the rank's experts, combine, the shared expert (sequence-parallel
+    over `groups[1]`, the tp group, or None for tp = 1); "experts" is pushed on `region` around the experts
+    and the combine. Returns the MoE output, without the residual."""
+    group, tp_group = groups
+    tokens, h = x.shape
+    splits = [tokens * k // dist.get_world_size(group)] * dist.get_world_size(group)
+    xn = FusedRMSNorm.apply(x, parts.norm)
+    gates = torch.softmax(parts["router"](xn).float(), dim=-1).topk(k, dim=-1).values
+    got = all_to_all(xn.repeat_interleave(k, dim=0), splits, splits, group)
+    chunks = got.view(len(parts["experts"]), -1, h)
+    region.append("experts")
+    out = torch.cat([e(chunks[i]) for i, e in enumerate(parts["experts"])])
+    back = all_to_all(out, splits, splits, group)
+    # the combine, each copy weighted by its gate
+    y = (back.view(tokens, k, h) * gates.to(x.dtype).unsqueeze(-1)).sum(1)
+    region.pop()
+    if "shared" in parts:
+        y = y + (parts["shared"](xn) if tp_group is None
+                 else sequence_parallel_swiglu(xn, parts["shared"], tp_group))
+    return y
+
+
 def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: int = 1,
                    dtype: torch.dtype = torch.bfloat16) -> MoELayerTraffic:
     """The MoE half of one layer of `ms` (its RMSNorm, router, shared and routed experts, dispatch and
@@ -188,7 +212,6 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
         with torch.device("meta"):
             parts = _moe_modules(ms, ep, layout.size("tp"), dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
-        splits = [tokens * k // ep] * ep
         weights = {storage_key(p) for p in parts.parameters()}
         saved: dict[str, dict[int, int]] = {"layer": {}, "experts": {}}
         region = ["layer"]
@@ -201,19 +224,7 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
 
         with comm_log() as log:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                xn = FusedRMSNorm.apply(x, parts.norm)
-                gates = torch.softmax(parts["router"](xn).float(), dim=-1).topk(k, dim=-1).values
-                got = all_to_all(xn.repeat_interleave(k, dim=0), splits, splits, group)
-                chunks = got.view(len(parts["experts"]), -1, h)
-                region.append("experts")
-                out = torch.cat([e(chunks[i]) for i, e in enumerate(parts["experts"])])
-                back = all_to_all(out, splits, splits, group)
-                # the combine, each copy weighted by its gate
-                y = (back.view(tokens, k, h) * gates.to(dtype).unsqueeze(-1)).sum(1)
-                region.pop()
-                if "shared" in parts:
-                    y = y + (parts["shared"](xn) if tp_group is None
-                             else sequence_parallel_swiglu(xn, parts["shared"], tp_group))
+                y = moe_forward(parts, x, k, (group, tp_group), region)
             y.sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),
