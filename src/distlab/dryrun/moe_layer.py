@@ -8,8 +8,8 @@ the model, like weights); then the fused attention kernel and the output project
 The fused kernel saves q, k, v, its output and a b x a x s fp32 log-sum-exp, and nothing of s x s (Dao
 2023). The dense dry run sends `scaled_dot_product_attention` on meta tensors to the CPU flash kernel's
 op (`attention.FusedAttentionOnMeta`), but that op's meta implementation gives the output q's head width:
-MLA's v is narrower (128 against 192 for q and k), which FlashAttention-3 and cuDNN's fused attention
-take. `MLAFlashAttention` therefore saves the same five tensors as that op, with the output v's width, in
+MLA's v is narrower (128 against 192 for q and k), and the kernels DeepSeek-V3 runs on take it so.
+`MLAFlashAttention` therefore saves the same five tensors as that op, with the output v's width, in
 the kernels' (b, s, a, d) layout; on equal widths it saves what `FusedAttentionOnMeta` saves, to the byte
 (`tests/dryrun/test_dryrun_moe_layer.py`).
 
