@@ -1,5 +1,6 @@
-"""A whole DeepSeek-V3 layer on the meta device: multi-head latent attention, then the MoE half, forward and
-backward on one rank of the fake world, with every tensor autograd saves for the backward counted.
+"""A whole MoE layer on the meta device (DeepSeek-V3's: multi-head latent attention, then the MoE half; or
+grouped-query attention, Qwen3's, with `gqa_forward`), forward and backward on one rank of the fake world,
+with every tensor autograd saves for the backward counted.
 
 Attention is MLA (DeepSeek-AI 2024, sec. 2.1.1): a fused RMSNorm; the query down-projection, its norm and
 up-projection; the joint key-value down-projection with the decoupled rope key, its norm and
@@ -32,7 +33,7 @@ from distlab.dryrun.moe_sequence_parallel import ReduceScatter, tp_group_ranks
 from distlab.layout import Layout
 from distlab.model_shape import ModelShape
 
-__all__ = ["MLAFlashAttention", "deepseek_layer_step"]
+__all__ = ["MLAFlashAttention", "gqa_forward", "mla_forward", "whole_layer_step"]
 
 
 class MLAFlashAttention(torch.autograd.Function):
@@ -78,6 +79,20 @@ def mla_forward(attn: nn.ModuleDict, norm: Tensor, x: Tensor, batch: int, tables
     return attn["out"](out.reshape(b * s, -1))
 
 
+def gqa_forward(attn: nn.ModuleDict, norm: Tensor, x: Tensor, batch: int, tables: tuple[Tensor, Tensor],
+                ms: ModelShape) -> Tensor:
+    """Grouped-query attention on the tokens x (b s, h), this rank's heads: q, k, v projections, the
+    per-head RMSNorms of q and k where the shape has them (Qwen3's), rotary embeddings, the fused kernel
+    (k and v at their own head count, as FlashAttention takes grouped queries) and the output projection."""
+    b, s, d = batch, x.shape[0] // batch, ms.moe.head_dim or ms.hidden // ms.heads
+    xn = FusedRMSNorm.apply(x, norm)
+    q, k, v = (attn[n](xn).view(b, s, -1, d) for n in ("q", "k", "v"))
+    if "q_norm" in attn:
+        q, k = FusedRMSNorm.apply(q, attn["q_norm"].weight), FusedRMSNorm.apply(k, attn["k_norm"].weight)
+    out = MLAFlashAttention.apply(_rope(q, *tables), _rope(k, *tables), v)
+    return attn["o"](out.reshape(b * s, -1))
+
+
 def _residual(x: Tensor, attn_out: Tensor, tp_group: dist.ProcessGroup | None) -> Tensor:
     """The residual after attention on the rank's tokens: with tp > 1 the output projection's partial sums
     reduce-scattered to the rank's T / tp (a row-parallel layer under sequence parallelism) plus its slice
@@ -104,14 +119,14 @@ def _saved_bytes(run, weights: set[int]) -> int:  # type: ignore[no-untyped-def]
     return sum(seen.values())
 
 
-def deepseek_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: int = 1,
+def whole_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: int = 1,
                         dtype: torch.dtype = torch.bfloat16) -> int:
     """The bytes autograd saves for the backward of one whole MoE layer of `ms` (MLA, then the MoE half) on
     rank `rank` of `layout`'s fake world, one micro-batch of `micro_batch` sequences (module docstring)."""
+    if ms.moe is None or layout.size("cp") != 1:
+        raise ValueError("whole_layer_step runs an MoE layer without context parallelism: give a shape with "
+                         "moe=MoEShape(...) and a layout with cp=1")
     tp, ep, k = layout.size("tp"), layout.expert_sizes["ep"], ms.moe.top_k
-    if ms.moe.mla is None or layout.size("cp") != 1:
-        raise ValueError("deepseek_layer_step runs multi-head latent attention without context parallelism: "
-                         "give a shape with moe.mla and a layout with cp=1")
     tokens = micro_batch * ms.seq
     if tokens % tp or tokens // tp * k % ep:
         raise ValueError(f"b s = {tokens} tokens must split over tp={tp} and their T k / tp copies over "
@@ -122,11 +137,13 @@ def deepseek_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_bat
         with torch.device("meta"):
             attn, moe = _attention(ms, tp).to(dtype), _moe_modules(ms, ep, tp, dtype)
             norm = nn.Parameter(torch.ones(ms.hidden, dtype=dtype))
-            tables = (torch.empty(ms.seq, ms.moe.mla.qk_rope, dtype=dtype),) * 2
+            rope = ms.moe.mla.qk_rope if ms.moe.mla else ms.moe.head_dim or ms.hidden // ms.heads
+            tables = (torch.empty(ms.seq, rope, dtype=dtype),) * 2
             x = torch.empty(tokens, ms.hidden, dtype=dtype, requires_grad=True)
         weights = {storage_key(p) for p in [*attn.parameters(), *moe.parameters(), norm, *tables]}
         def run() -> Tensor:
-            h = _residual(x, mla_forward(attn, norm, x, micro_batch, tables, ms), groups[1])
+            attend = mla_forward if ms.moe.mla else gqa_forward
+            h = _residual(x, attend(attn, norm, x, micro_batch, tables, ms), groups[1])
             return h + moe_forward(moe, h, k, groups, ["layer"])
 
         return _saved_bytes(run, weights)

@@ -31,3 +31,17 @@ def test_the_peak_of_a_tp_2_layout_uses_sequence_parallelism_by_default() -> Non
     assert default == moe_peak_bytes(config.shape, config.layout, sequence_parallel=True)
     without = moe_peak_bytes(config.shape, config.layout, sequence_parallel=False)
     assert without.activations > default.activations and without.model_states == default.model_states
+
+
+def test_qk_norms_inputs_are_counted() -> None:
+    """Qwen3's per-head RMSNorms of q and k keep their inputs, the q and k projections' outputs, T (a + a_kv)
+    d_h values (/ tp): 6 % of Qwen3-30B-A3B's layer, which chapter 12's whole-layer dry run measured."""
+    from dataclasses import replace
+
+    from distlab.memory.estimate.moe_activations import attention_bytes
+
+    ms = next(r for r in moe_published.JUDGED if r.name == "bridge-qwen3-30b-a3b-h100").config().shape
+    plain = replace(ms, moe=replace(ms.moe, qk_norm=False))
+    t = ms.seq
+    assert attention_bytes(ms, t, 1) - attention_bytes(plain, t, 1) == t * (32 + 4) * 128 * 2
+    assert attention_bytes(ms, t, 2) - attention_bytes(plain, t, 2) == t * (32 + 4) * 128 * 2 / 2

@@ -7,7 +7,9 @@ value (2 for BF16), nothing recomputed unless `savings` says so (below):
 
 - **attention**, grouped-query or multi-head: the norm's input and output T h each, q T a d_h, k and v
   T a_kv d_h each, the attention output T a d_h (the output projection's input), all but the norm's / tp,
-  and FlashAttention's log-sum-exp T a fp32 values / tp (Dao 2023);
+  and FlashAttention's log-sum-exp T a fp32 values / tp (Dao 2023); with per-head RMSNorms of q and k
+  (`qk_norm`, Qwen3's) also their inputs, the projections' outputs T (a + a_kv) d_h / tp (q and k are then
+  the norms' outputs after rotary embedding, new tensors);
 - **multi-head latent attention** (DeepSeek-AI 2024, sec. 2.1.1; its dimensions from DeepSeek-V2, Liu et
   al. 2024, arXiv 2405.04434, sec. 2.1): the same norm tensors; the query latent T r_q and its norm's
   output T r_q; the joint key-value latent with the rope key T (r_kv + d_rope) and its norm's output T r_kv;
@@ -63,7 +65,9 @@ def attention_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2, savings: S
         return norm + latents + latent_norms + qkv + out + lse
     d = (ms.moe.head_dim if ms.moe is not None and ms.moe.head_dim else h // a)
     kv = ms.kv_heads or a
-    return norm + t * (a * d + 2 * kv * d) * e / tp + t * a * d * savings.attention_output(e) / tp + lse
+    qk_norm = t * (a + kv) * d * e / tp if ms.moe is not None and ms.moe.qk_norm else 0.0
+    return norm + t * (a * d + 2 * kv * d) * e / tp + t * a * d * savings.attention_output(e) / tp + lse \
+        + qk_norm
 
 
 def hidden_bytes(ms: ModelShape, tokens: float, width: float, e: int = 2, savings: Savings = NONE,
