@@ -40,20 +40,39 @@ def test_deepseek_v3_rank_model_states_fit_and_its_all_to_all_is_the_cost_models
     assert traffic.saved_bytes == routed_bytes(config.shape, 4096, 1)
 
 
-@pytest.mark.parametrize("name", [r.name for r in moe_published.JUDGED if r.config().layout.size("tp") == 1])
+@pytest.mark.parametrize("name", [r.name for r in moe_published.JUDGED])
 def test_the_moe_half_of_a_layer_saves_the_estimate_within_1_percent(name: str) -> None:
     """The MoE half of one layer (a fused RMSNorm, the router, the shared expert, the rank's routed experts,
     dispatch and combine) forward and backward on the meta device: what autograd saved is chapter 7's
     `layer_bytes` less its attention, within 1 % (the estimate leaves out the norm's fp32 reciprocal RMS,
-    T values, and the top-k's int64 indices, T k: 0.02 % of DeepSeek-V3's layer). Layouts with tp = 1:
-    with tp > 1 the dry run splits the tokens over tp (sequence parallelism), which the estimate does not."""
+    T / tp values, and the top-k's int64 indices, T k / tp: 0.02 % of DeepSeek-V3's layer). With tp = 2
+    (Megatron-Bridge's H100 row) both run Megatron-Core's sequence parallelism: the norm, router and routed
+    copies on the rank's T / tp tokens, the shared expert F_s / tp wide on all T (its input all-gathered,
+    only the rank's slice saved); before, the dry run ran the shared expert on T / tp tokens and the
+    estimate the norm on T (-8.5 %)."""
     config = next(r for r in moe_published.JUDGED if r.name == name).config()
-    tokens = config.shape.seq  # micro-batch 1, tp 1, cp 1
+    tokens, tp = config.shape.seq, config.layout.size("tp")  # micro-batch 1, cp 1
     traffic = moe_layer_step(config.shape, config.layout, rank=config.layout.world_size - 1)
-    est = layer_bytes(config.shape, True, tokens, 1) - attention_bytes(config.shape, tokens, 1)
+    est = layer_bytes(config.shape, True, tokens, tp, sequence_parallel=True) \
+        - attention_bytes(config.shape, tokens, tp)
     assert traffic.layer_saved_bytes == pytest.approx(est, rel=0.01)
-    extra = tokens * 4 + tokens * config.shape.moe.top_k * 8  # the reciprocal RMS, the top-k indices
+    mine = tokens // tp  # the rank's tokens under sequence parallelism
+    extra = mine * 4 + mine * config.shape.moe.top_k * 8  # the reciprocal RMS, the top-k indices
     assert traffic.layer_saved_bytes - est == extra
+
+
+def test_the_shared_expert_under_sequence_parallelism_saves_all_tokens_at_its_tp_width() -> None:
+    """tp = 2: the shared expert's hidden values are T x F_s / 2 (what tp = 1 saves, halved), not
+    T / 2 x F_s / 2; its gathered input is not saved."""
+    row = next(r for r in moe_published.JUDGED if r.name == "bridge-deepseek-v3-h100")
+    config = row.config()
+    one = replace(config.layout, tp=1, dp=config.layout.size("dp") * 2)
+    with_shared = {lay.size("tp"): moe_layer_step(config.shape, lay, rank=0).layer_saved_bytes
+                   for lay in (config.layout, one)}
+    bare = replace(config.shape, moe=replace(config.shape.moe, shared_experts=0))
+    without = {lay.size("tp"): moe_layer_step(bare, lay, rank=0).layer_saved_bytes
+               for lay in (config.layout, one)}
+    assert with_shared[2] - without[2] == (with_shared[1] - without[1]) // 2
 
 
 def test_fused_rms_norm_is_torchs_rms_norm_and_its_gradient() -> None:

@@ -17,8 +17,10 @@ and returns what `distlab.comm_log` recorded: the all-to-alls' buffers, which ch
 (`plan.moe_cost`) prices as 4 x T k h b bytes per layer and micro-batch, what autograd saved for the
 backward of the experts and of the combine (each returned copy weighted by its gate), which chapter 7's
 `moe_activations.routed_bytes` counts, and what it saved for the whole MoE half, which `layer_bytes` less
-`attention_bytes` counts (within 1 %: the estimate leaves out the norm's fp32 reciprocal RMS and the
-top-k's indices).
+`attention_bytes` counts with `sequence_parallel=True` (within 1 %: the estimate leaves out the norm's fp32
+reciprocal RMS and the top-k's indices). With tp > 1 the layer runs as Megatron-Core runs it under the
+sequence parallelism it requires: the norm, router and routed copies on the rank's T / tp tokens, the shared
+expert F_s / tp wide on all T, gathered (`moe_sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import Tensor, nn
 from distlab.comm_log import comm_log
 from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import storage_key
+from distlab.dryrun.moe_sequence_parallel import sequence_parallel_swiglu, tp_group_ranks
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.model_shape import ModelShape
@@ -169,6 +172,30 @@ def _moe_modules(ms: ModelShape, ep: int, tp: int, dtype: torch.dtype) -> nn.Mod
     return parts.to(dtype)
 
 
+def moe_forward(parts: nn.ModuleDict, x: Tensor, k: int, groups: tuple, region: list[str]) -> Tensor:
+    """The MoE half of a layer on the rank's tokens `x` (T, h): RMSNorm, router, dispatch over `groups[0]`
+    (ep) with force-balanced routing, the rank's experts, combine, the shared expert (sequence-parallel
+    over `groups[1]`, the tp group, or None for tp = 1); "experts" is pushed on `region` around the experts
+    and the combine. Returns the MoE output, without the residual."""
+    group, tp_group = groups
+    tokens, h = x.shape
+    splits = [tokens * k // dist.get_world_size(group)] * dist.get_world_size(group)
+    xn = FusedRMSNorm.apply(x, parts.norm)
+    gates = torch.softmax(parts["router"](xn).float(), dim=-1).topk(k, dim=-1).values
+    got = all_to_all(xn.repeat_interleave(k, dim=0), splits, splits, group)
+    chunks = got.view(len(parts["experts"]), -1, h)
+    region.append("experts")
+    out = torch.cat([e(chunks[i]) for i, e in enumerate(parts["experts"])])
+    back = all_to_all(out, splits, splits, group)
+    # the combine, each copy weighted by its gate
+    y = (back.view(tokens, k, h) * gates.to(x.dtype).unsqueeze(-1)).sum(1)
+    region.pop()
+    if "shared" in parts:
+        y = y + (parts["shared"](xn) if tp_group is None
+                 else sequence_parallel_swiglu(xn, parts["shared"], tp_group))
+    return y
+
+
 def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: int = 1,
                    dtype: torch.dtype = torch.bfloat16) -> MoELayerTraffic:
     """The MoE half of one layer of `ms` (its RMSNorm, router, shared and routed experts, dispatch and
@@ -181,10 +208,10 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
                          "whose tokens x top_k ep divides")
     with fake_world(rank, layout.world_size):
         group = dist.new_group(_ep_group(layout, rank))
+        tp_group = dist.new_group(tp_group_ranks(layout, rank)) if layout.size("tp") > 1 else None
         with torch.device("meta"):
             parts = _moe_modules(ms, ep, layout.size("tp"), dtype)
             x = torch.empty(tokens, h, dtype=dtype, requires_grad=True)
-        splits = [tokens * k // ep] * ep
         weights = {storage_key(p) for p in parts.parameters()}
         saved: dict[str, dict[int, int]] = {"layer": {}, "experts": {}}
         region = ["layer"]
@@ -197,18 +224,7 @@ def moe_layer_step(ms: ModelShape, layout: Layout, rank: int = 0, micro_batch: i
 
         with comm_log() as log:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                xn = FusedRMSNorm.apply(x, parts.norm)
-                gates = torch.softmax(parts["router"](xn).float(), dim=-1).topk(k, dim=-1).values
-                got = all_to_all(xn.repeat_interleave(k, dim=0), splits, splits, group)
-                chunks = got.view(len(parts["experts"]), -1, h)
-                region.append("experts")
-                out = torch.cat([e(chunks[i]) for i, e in enumerate(parts["experts"])])
-                back = all_to_all(out, splits, splits, group)
-                # the combine, each copy weighted by its gate
-                y = (back.view(tokens, k, h) * gates.to(dtype).unsqueeze(-1)).sum(1)
-                region.pop()
-                if "shared" in parts:
-                    y = y + parts["shared"](xn)
+                y = moe_forward(parts, x, k, (group, tp_group), region)
             y.sum().backward()
         records = [r for r in log.records if r.op == "all_to_all"]
     return MoELayerTraffic(len(records), sum(r.nbytes for r in records), sum(r.sent_bytes for r in records),

@@ -7,20 +7,23 @@ value (2 for BF16), nothing recomputed unless `savings` says so (below):
 
 - **attention**, grouped-query or multi-head: the norm's input and output T h each, q T a d_h, k and v
   T a_kv d_h each, the attention output T a d_h (the output projection's input), all but the norm's / tp,
-  and FlashAttention's log-sum-exp T a fp32 values / tp (Dao 2023);
+  and FlashAttention's log-sum-exp T a fp32 values / tp (Dao 2023); with per-head RMSNorms of q and k
+  (`qk_norm`, Qwen3's) also their inputs, the projections' outputs T (a + a_kv) d_h / tp (q and k are then
+  the norms' outputs after rotary embedding, new tensors);
 - **multi-head latent attention** (DeepSeek-AI 2024, sec. 2.1.1; its dimensions from DeepSeek-V2, Liu et
   al. 2024, arXiv 2405.04434, sec. 2.1): the same norm tensors; the query latent T r_q and its norm's
   output T r_q; the joint key-value latent with the rope key T (r_kv + d_rope) and its norm's output T r_kv;
   then q and k, T a (d_nope + d_rope) each, v T a d_v and the attention output T a d_v, / tp, and the
   log-sum-exp. This is the approximation: a kernel that fuses the up-projections saves less;
-- **MoE**: the norm's input and output T h; the router's probabilities on the rank's T / tp tokens, E
-  fp32 each; per routed copy (T / tp tokens x k): the expert's input h, its gate and up outputs 2 F_e, the
-  SiLU's output F_e and the product F_e (SwiGLU, unfused; a GELU expert saves F_e twice), and the copy's
-  output h as the combine gets it back, with its gate, both kept by the product that weights one by the
-  other; the shared experts as a dense gated MLP of width F_s / tp on T tokens. These are the terms
-  `moe_block_activations.GENERIC` names: on chapter 6's folded block they are its measured bytes less
-  what that implementation saves besides (indices, LayerNorm statistics, the z-loss's logits, its copies
-  of the experts' outputs);
+- **MoE**: the norm's input and output T h (T / tp h each with sequence parallelism, which Megatron-Core
+  requires with tp > 1 and experts: its `TransformerConfig` refuses the one without the other); the router's
+  probabilities on the rank's T / tp tokens, E fp32 each; per routed copy (T / tp tokens x k): the expert's
+  input h, its gate and up outputs 2 F_e, the SiLU's output F_e and the product F_e (SwiGLU, unfused; a GELU
+  expert saves F_e twice), and the copy's output h as the combine gets it back, with its gate, both kept by
+  the product that weights one by the other; the shared experts as a dense gated MLP of width F_s / tp on T
+  tokens. These are the terms `moe_block_activations.GENERIC` names: on chapter 6's folded block they are its
+  measured bytes less what that implementation saves besides (indices, LayerNorm statistics, the z-loss's
+  logits, its copies of the experts' outputs);
 - **dense MLP** (the first layers): its input T h (the norm's output) and 4 T f / tp (2 T f / tp ungated).
 
 `savings` (`moe_savings.Savings`) applies DeepSeek-V3's two savings, each an option: recomputing the
@@ -62,7 +65,9 @@ def attention_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2, savings: S
         return norm + latents + latent_norms + qkv + out + lse
     d = (ms.moe.head_dim if ms.moe is not None and ms.moe.head_dim else h // a)
     kv = ms.kv_heads or a
-    return norm + t * (a * d + 2 * kv * d) * e / tp + t * a * d * savings.attention_output(e) / tp + lse
+    qk_norm = t * (a + kv) * d * e / tp if ms.moe is not None and ms.moe.qk_norm else 0.0
+    return norm + t * (a * d + 2 * kv * d) * e / tp + t * a * d * savings.attention_output(e) / tp + lse \
+        + qk_norm
 
 
 def hidden_bytes(ms: ModelShape, tokens: float, width: float, e: int = 2, savings: Savings = NONE,
@@ -84,9 +89,12 @@ def routed_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2, savings: Savi
 
 
 def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 2,
-                savings: Savings = NONE) -> float:
-    """Saved bytes of one layer and one micro-batch on one rank (module docstring)."""
-    out = attention_bytes(ms, tokens, tp, e, savings) + tokens * ms.hidden * (e + savings.norm_output(e))
+                savings: Savings = NONE, sequence_parallel: bool = False) -> float:
+    """Saved bytes of one layer and one micro-batch on one rank (module docstring); `sequence_parallel`:
+    an MoE layer's RMSNorm runs on the rank's T / tp tokens (Megatron-Core's, which requires sequence
+    parallelism with tp > 1 and expert parallelism), not on all T as chapter 6's folded block runs it."""
+    norm_tokens = tokens / tp if moe_layer and sequence_parallel else tokens
+    out = attention_bytes(ms, tokens, tp, e, savings) + norm_tokens * ms.hidden * (e + savings.norm_output(e))
     if not moe_layer:
         return out + hidden_bytes(ms, tokens, ms.ffn_size / tp, e, savings)
     m = ms.moe
@@ -110,10 +118,12 @@ class MoEPeak:
 
 def moe_peak_bytes(ms: ModelShape, layout: Layout, micro_batch: int = 1, microbatches: int | None = None,
                    zero: int = 1, precision: str = "mixed", capacity_factor: float | None = None,
-                   savings: Savings = NONE) -> MoEPeak:
+                   savings: Savings = NONE, sequence_parallel: bool | None = None) -> MoEPeak:
     """The peak of the rank that holds the most (module docstring), 1F1B; `savings`: DeepSeek-V3's
-    recomputation and FP8 activation caching (`moe_savings.Savings`), none by default."""
+    recomputation and FP8 activation caching (`moe_savings.Savings`), none by default; `sequence_parallel`
+    (`layer_bytes`): by default on where tp > 1, as Megatron-Core requires for MoE with tp > 1."""
     tp, cp, pp = layout.size("tp"), layout.size("cp"), layout.size("pp")
+    sp = tp > 1 if sequence_parallel is None else sequence_parallel
     tokens = micro_batch * ms.seq // cp
     m = microbatches or pp
     states = stage_states(ms, layout, zero, precision)
@@ -122,7 +132,7 @@ def moe_peak_bytes(ms: ModelShape, layout: Layout, micro_batch: int = 1, microba
     for i, n in enumerate(stages.stage_layers(ms.layers, pp)):
         dense = max(0, min(n, ms.moe.dense_layers - first))
         act = dense * layer_bytes(ms, False, tokens, tp, savings=savings) \
-            + (n - dense) * layer_bytes(ms, True, tokens, tp, savings=savings)
+            + (n - dense) * layer_bytes(ms, True, tokens, tp, savings=savings, sequence_parallel=sp)
         act *= stages.in_flight("1f1b", i, pp, m, 1)
         peak = MoEPeak(states[i].model_states_bytes, act, buffers if n > dense else 0.0, i)
         if best is None or peak.peak_bytes > best.peak_bytes:
