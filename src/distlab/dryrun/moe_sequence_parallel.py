@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distlab import dist_compat
 from distlab.layout import Layout
 
 __all__ = ["tp_group_ranks", "SequenceParallelLinear", "sequence_parallel_swiglu"]
@@ -35,13 +36,13 @@ def tp_group_ranks(layout: Layout, rank: int) -> list[int]:
 
 def _gather(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     out = x.new_empty(x.shape[0] * dist.get_world_size(group), *x.shape[1:])
-    dist.all_gather_single(out, x.contiguous(), group=group)
+    dist_compat.all_gather_single(out, x.contiguous(), group=group)
     return out
 
 
 def _reduce_scatter(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     out = x.new_empty(x.shape[0] // dist.get_world_size(group), *x.shape[1:])
-    dist.reduce_scatter_single(out, x.contiguous(), group=group)
+    dist_compat.reduce_scatter_single(out, x.contiguous(), group=group)
     return out
 
 
