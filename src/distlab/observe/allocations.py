@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from distlab.observe.profiled import quiet_native_stderr
+from distlab.tensor_parallel.overlap_bench import quiet_native_stderr
 
 PHASES = ("forward", "backward", "optimizer")
 

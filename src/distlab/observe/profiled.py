@@ -13,10 +13,7 @@ writes the traces of chapter 5's sequence-parallel MLP step, plain and with coll
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -30,20 +27,7 @@ from distlab.comm_log import comm_log
 from distlab.data_parallel import StepTimeline, broadcast_parameters, make_strategy
 from distlab.observe.trace import STEP_LABEL
 from distlab.reference import SGD, Task, gpt_task
-
-
-@contextlib.contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """Send what native code writes to file descriptor 2 to /dev/null for the block: the profiler's
-    start and stop lines, which carry a time and a process id (a lab's output must not)."""
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+from distlab.tensor_parallel.overlap_bench import quiet_native_stderr
 
 
 def activities(dev: torch.device) -> list[ProfilerActivity]:

@@ -53,8 +53,10 @@ class _BlockingWaits(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
-    """Silence what native code writes to file descriptor 2 (the profiler's start/stop log lines)."""
+def quiet_native_stderr() -> Iterator[None]:
+    """Send what native code writes to file descriptor 2 to /dev/null for the block: the profiler's
+    start and stop lines, which carry a time and a process id (a lab's output must not). Chapter 13's
+    profiled runs use it too."""
     saved = os.dup(2)
     with open(os.devnull, "w") as null:
         os.dup2(null.fileno(), 2)
@@ -70,10 +72,10 @@ def _profiled_steps(step: Callable[[], None], iters: int, group: Group,
     """(median seconds per step, seconds of exposed communication per step) over `iters` steps."""
     step()  # warm-up
     prof = profile(activities=[ProfilerActivity.CPU])
-    with _quiet_native_stderr():
+    with quiet_native_stderr():
         prof.start()
     times = sample_seconds(step, iters, warmup=0, group=group, barrier=True)
-    with _quiet_native_stderr():
+    with quiet_native_stderr():
         prof.stop()
     waited = sum(e.cpu_time_total for e in prof.events() if e.name in WAITS) / 1e6
     if trace is not None:
