@@ -127,13 +127,15 @@ def deepseek():
     space = SearchSpace(usable_memory=1.0)
     ms = moe_model("deepseek-v3")
     rows, _ = search(ms, config.cluster, 15_360, row.assumptions, space)
-    return row, config, rows, published_verdict(rows, row, 4096, config.cluster, 15_360, row.assumptions, space)
+    verdict = published_verdict(rows, row, 4096, config.cluster, 15_360, row.assumptions, space)
+    return row, config, rows, verdict
 
 
 def test_deepseek_v3_published_layout_ranks_behind_a_shorter_pipeline(deepseek) -> None:
     row, config, rows, verdict = deepseek
     mine = rows[verdict["rank"] - 1]
-    assert (mine.candidate.pp, mine.candidate.ep, mine.candidate.tp, mine.candidate.savings) == (16, 64, 1, "both")
+    c = mine.candidate
+    assert (c.pp, c.ep, c.tp, c.savings) == (16, 64, 1, "both")
     assert mine.time.total == pytest.approx(moe_published.judge(row)["step_s"])  # the judged row's step
     assert mine.peak.peak_bytes / 1e9 == pytest.approx(79.3, abs=0.05)
     best = rows[0]
@@ -200,9 +202,10 @@ def test_command_prints_the_table_and_the_json(capsys: pytest.CaptureFixture[str
     (("--dp", "2"), "--dp is derived in the MoE search"),
     (("--fp8-casts", "fused"), "--fp8-casts prices FP8 linear layers; add --fp8"),
 ])
-def test_bad_moe_flags_name_the_flag_and_the_fix(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...],
-                                                 message: str) -> None:
-    code, _, err = _run(capsys, "--moe-model", "qwen3-30b-a3b", "--gpu", "H100", "--nodes", "2", *extra)
+def test_bad_moe_flags_name_the_flag_and_the_fix(capsys: pytest.CaptureFixture[str],
+                                                 extra: tuple[str, ...], message: str) -> None:
+    code, _, err = _run(capsys, "--moe-model", "qwen3-30b-a3b", "--gpu", "H100", "--nodes", "2",
+                        *extra)
     assert code == 2 and message in err
 
 
