@@ -215,5 +215,7 @@ def test_moe_flags_without_a_moe_model_are_refused(capsys: pytest.CaptureFixture
 
 
 def test_nothing_fits_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
-    code, text, _ = _run(capsys, "--moe-model", "deepseek-v3", "--gpu", "H800", "--nodes", "1", "--batch", "8")
-    assert code == 1 and "0 configurations fit" in text and "model states alone above the usable memory" in text
+    code, text, _ = _run(capsys, "--moe-model", "deepseek-v3", "--gpu", "H800", "--nodes", "1",
+                         "--batch", "8")
+    assert code == 1 and "0 configurations fit" in text
+    assert "model states alone above the usable memory" in text
