@@ -29,6 +29,8 @@ def _h100(nodes: int) -> ClusterSpec:
 
 
 @pytest.mark.parametrize("nodes, batch, sizes, max_nodes, rule", [
+    (3, 48, (5, 1, 1, 1), None, "pp does not divide the 24 GPUs"),
+    (3, 48, (2, 5, 1, 1), None, "tp does not divide a stage's GPUs"),
     (8, 64, (64, 1, 1, 1), None, "pp exceeds the 48 layers"),
     (8, 64, (1, 64, 1, 1), None, "tp does not divide the 32 heads"),
     (2, 1000, (1, 1, 8, 1), None, "dp does not divide the batch of 1000"),
@@ -212,6 +214,16 @@ def test_bad_moe_flags_name_the_flag_and_the_fix(capsys: pytest.CaptureFixture[s
 def test_moe_flags_without_a_moe_model_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "--preset", "tiny", "--ep", "8")
     assert code == 2 and "--ep apply to the MoE search; add --moe-model NAME" in err
+
+
+def test_a_pin_that_breaks_a_rule_is_counted_and_h800_is_an_h100_with_less_nvlink(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = _run(capsys, "--moe-model", "deepseek-v3", "--gpu", "h800", "--nodes", "256",
+                         "--batch", "15360", "--ep", "3", "--json")
+    out = json.loads(text)
+    assert code == 1 and out["kept"] == 0 and out["removed"]["layout: ep does not divide the 256 experts"] > 0
+    assert all(k.startswith("layout: ") for k in out["removed"])
+    assert out["cluster"]["gpu"] == "H100" and out["cluster"]["intra_GBps"] == pytest.approx(200)
 
 
 def test_nothing_fits_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:

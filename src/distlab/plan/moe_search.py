@@ -6,8 +6,9 @@ them), attention's tp x dp over each stage's ranks, and the experts' etp x ep x 
 (parallel folding, Liu et al. 2025, arXiv 2504.14960; edp derived), a micro-batch size b, a ZeRO stage and
 DeepSeek-V3's activation savings (`memory.estimate.moe_savings`). What is enumerated, and why:
 
-- every pp, tp, ep and etp that divides the GPUs of a stage; each (pp, tp, ep, etp) is a *layout*, checked
-  by the rules of `violation` in order, and counted under the first it breaks: a stage without a layer,
+- every pp, tp, ep and etp that divides the GPUs of a stage (or the sizes pinned); each (pp, tp, ep, etp) is
+  a *layout*, checked by the rules of `violation` in order, and counted under the first it breaks: a pinned
+  pp or tp that does not divide the GPUs (or a stage's), a stage without a layer,
   tp not dividing the heads, dp not dividing the global batch (every candidate then trains the same
   sequences, so their step times compare), ep not dividing the experts, etp not dividing the experts' FFN,
   pp ep etp not dividing the GPUs (edp not whole), and an ep x etp group that straddles servers unevenly
@@ -104,7 +105,7 @@ class SearchSpace:
         """The sizes tried along `axis` for a stage of `ranks` GPUs: a pin, or every divisor."""
         pinned = dict(self.pins).get(axis)
         if pinned is not None:
-            return [pinned] if ranks % pinned == 0 else []
+            return [pinned]  # checked by `violation`, and counted there when it does not divide
         cap = (self.max_etp or gpus_per_node) if axis == "etp" else ranks
         return [d for d in divisors(ranks) if d <= cap]
 
@@ -161,7 +162,9 @@ def violation(ms: ModelShape, cluster: ClusterSpec, batch: int, pp: int, tp: int
     ranks, gpn = cluster.gpus // pp, cluster.gpus_per_node
     per_server = ms.moe.experts // ep * max(1, gpn // etp)
     rules = (
+        (cluster.gpus % pp != 0, f"pp does not divide the {cluster.gpus} GPUs"),
         (pp > ms.layers, f"pp exceeds the {ms.layers} layers"),
+        (ranks % tp != 0, "tp does not divide a stage's GPUs"),
         (ms.heads % tp != 0, f"tp does not divide the {ms.heads} heads"),
         (batch % (ranks // tp) != 0, f"dp does not divide the batch of {batch}"),
         (ms.moe.experts % ep != 0, f"ep does not divide the {ms.moe.experts} experts"),
