@@ -47,6 +47,13 @@ def test_each_layout_rule_removes_its_case(nodes: int, batch: int, sizes: tuple[
     assert got == rule if rule is None else got.startswith(rule), got
 
 
+def test_a_micro_batch_that_does_not_divide_a_share_is_counted() -> None:
+    rows, removed = search(QWEN, _h100(2), 48, space=SearchSpace(micro_batch=5, pins=(("pp", 1),)))
+    assert rows == [] and removed["layout: the micro-batch 5 does not divide a replica's share"] > 0
+    with pytest.raises(ValueError, match="max_micro_batch=0 must be a positive integer"):
+        SearchSpace(max_micro_batch=0)
+
+
 def test_search_counts_every_rule_and_keeps_no_broken_layout() -> None:
     cluster = _h100(3)  # 24 GPUs: ep x etp = 12 straddles servers of 8, ep = 3 does not divide 128
     rows, removed = search(QWEN, cluster, 48, space=SearchSpace(max_micro_batch=1))

@@ -71,6 +71,11 @@ def moe_model(name: str, seq: int = 4096) -> ModelShape:
     return MOE_MODELS[name].model_shape(seq)
 
 
+def _positive_or_none(name: str, v: object) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ValueError(f"{name}={v!r} must be a positive integer (or None where allowed), e.g. 2")
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """What the search may try: ZeRO stages and savings (the memory ladder, in this order of preference),
@@ -94,6 +99,8 @@ class SearchSpace:
         for axis, _ in self.pins:
             if axis not in AXES:
                 raise ValueError(f"pin {axis!r} is not searched; pin one of {', '.join(AXES)}")
+        for name in ("max_micro_batch", "micro_batch", "max_etp"):
+            _positive_or_none(name, getattr(self, name))
         if not 0 < self.usable_memory <= 1:
             raise ValueError(f"usable_memory={self.usable_memory!r} must be in (0, 1], e.g. 0.9")
 
@@ -215,14 +222,23 @@ def _first_fit(ms: ModelShape, lay: Layout, b: int, m: int, ladder: list[tuple[i
     return None, None
 
 
+def _micro_batches(space: SearchSpace, share: int) -> list[int]:
+    """The micro-batch sizes tried for a replica's `share` of the batch: the pinned one if it divides it,
+    else every divisor up to the largest allowed."""
+    if space.micro_batch:
+        return [space.micro_batch] if share % space.micro_batch == 0 else []
+    return [b for b in divisors(share) if b <= space.max_micro_batch]
+
+
 def _fitting(ms: ModelShape, batch: int, layout: MoECandidate, space: SearchSpace, budget: float,
              removed: Counter) -> list[tuple[MoECandidate, MoEPeak, float]]:
     """Per micro-batch size, the first option of the ladder that fits (module docstring)."""
     lay, share = layout.layout, batch // layout.dp
     states = {z: moe_states(ms, lay, z).model_states_bytes for z in space.zero}
     ladder = [(z, s) for z, s in space.ladder() if states[z] <= budget]
-    sizes = [b for b in ([space.micro_batch] if space.micro_batch else divisors(share))
-             if share % b == 0 and b <= (space.micro_batch or space.max_micro_batch)]
+    sizes = _micro_batches(space, share)
+    if not sizes:
+        removed[f"layout: the micro-batch {space.micro_batch} does not divide a replica's share"] += 1
     removed["config: model states alone above the usable memory"] += len(sizes) * (len(space.ladder())
                                                                                    - len(ladder))
     out = []
