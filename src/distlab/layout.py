@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -67,10 +68,15 @@ class Layout:
         fold = self.experts or ExpertFold(self.size("ep"))
         return {"etp": fold.etp, "ep": fold.ep, "edp": self.edp, "pp": self.size("pp")}
 
+    @cached_property
+    def _sizes(self) -> dict[str, int]:
+        """`sizes`, worked out once: a planner's search asks a layout for its sizes many times."""
+        return meshes.layout_sizes(self._given(), None)
+
     @property
     def sizes(self) -> dict[str, int]:
         """The named axes and their sizes, outermost first (`distlab.mesh.AXIS_ORDER`)."""
-        return meshes.layout_sizes(self._given(), None)
+        return dict(self._sizes)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -79,12 +85,12 @@ class Layout:
 
     def size(self, axis: str) -> int:
         """Ranks along `axis`; 1 for an axis that is not in the layout."""
-        return self.sizes.get(axis, 1)
+        return self._sizes.get(axis, 1)
 
     @property
     def world_size(self) -> int:
         """The number of ranks: the product of the sizes."""
-        return math.prod(self.sizes.values())
+        return math.prod(self._sizes.values())
 
     def coords(self, rank: int) -> dict[str, int]:
         """Global `rank`'s position along each axis, outermost first (`distlab.mesh.coordinates`)."""

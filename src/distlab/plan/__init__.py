@@ -17,10 +17,14 @@ One idea per file:
 - `moe_cost`: a mixture of experts on a folded layout (`MoEConfig`, `MoEAssumptions`, `moe_step_time`):
   compute on the active parameters, the all-to-all priced by where its group lies, node-limited routing
   and the overlap a run claims; `moe_published`: chapter 6's published MoE rows judged (`JUDGED`, `judge`,
-  `table`).
+  `table`); `moe_search`: the search over expert layouts (`search`: pp, tp, ep, etp folded over the
+  same GPUs, the rules each candidate breaks counted, memory by `moe_peak_bytes`, ranked by
+  `moe_step_time`); `moe_report` (its table, JSON and the published layout's rank) and `moe_cli` (its
+  flags, `--moe-model`).
 - `report`: the text table and the published runs as markdown; `figures`: the pictures.
 - `python -m distlab.plan [--json] [--preset NAME | --published NAME | shape flags] [--dp --tp --pp --cp
-  --zero --recompute --micro-batch --interleave]`.
+  --zero --recompute --micro-batch --interleave]`; `--moe-model NAME [--ep --etp --a2a-overlap ...]` for the
+  MoE search.
 """
 
 from distlab.plan.candidates import Candidate, Settings, enumerate_candidates, fits, memory

@@ -3,6 +3,8 @@
     python -m distlab.plan --preset megatron-1t --gpu A100 --nodes 384 --batch 3072
     python -m distlab.plan --published llama3-405b-8k --json --explain
     python -m distlab.plan --moe-published all        # the published MoE rows, judged (moe_published)
+    python -m distlab.plan --moe-model deepseek-v3 --gpu H800 --nodes 256 --batch 15360 \\
+        --a2a-overlap --pipeline dualpipe --max-nodes 4 --fp8 --fp8-dispatch   # search MoE layouts
     python -m distlab.plan --preset bloom-176b --nodes 48 --batch 2048 --dp 8 --tp 4 --pp 12 --cp 1 \\
         --zero 1 --recompute full --micro-batch 2 --interleave 1 --json
 
@@ -21,7 +23,7 @@ from distlab import device_names
 from distlab.cli_types import at_least
 from distlab.memory.estimate.cost_model import RECOMPUTE
 from distlab.memory.estimate.optimizer_step import FORMS
-from distlab.plan import limits, moe_published
+from distlab.plan import limits, moe_cli, moe_published
 from distlab.plan.candidates import CP_SPLITS, Candidate, Rejections, Settings
 from distlab.plan.inputs import HBM_GB, PRESETS, ClusterSpec, ModelSpec, Workload, preset
 from distlab.plan.planner import Row, explain, judge, pinned, plan
@@ -39,7 +41,7 @@ def gpu_name(text: str) -> str:
     row = device_names.gpu_for_device(text)
     if row is not None:
         return row.name
-    known = {g.lower(): g for g in HBM_GB}
+    known = {g.lower(): g for g in (*HBM_GB, moe_cli.H800)}
     return known.get(text.strip().lower(), text)
 
 
@@ -60,8 +62,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ffn", type=WHOLE, help="the MLP's hidden size; default: 4 x hidden")
     g.add_argument("--gated", action="store_true", help="a gated (SwiGLU) MLP: three h x ffn matrices")
     c = p.add_argument_group("cluster and batch")
-    c.add_argument("--gpu", default="A100", type=gpu_name, choices=sorted(HBM_GB),
-                   help="GPU type (distlab.catalog); a device name as torch prints it also works")
+    c.add_argument("--gpu", default="A100", type=gpu_name, choices=sorted((*HBM_GB, moe_cli.H800)),
+                   help="GPU type (distlab.catalog); a device name as torch prints it also works; H800: "
+                   "an H100 with NVLink cut to 200 GB/s per direction (distlab.plan.moe_published)")
     c.add_argument("--nodes", type=WHOLE, default=1, help="servers")
     c.add_argument("--gpus-per-node", type=WHOLE, default=8, help="GPUs per server")
     c.add_argument("--intra-GBps", type=REAL, help="NVLink GB/s per GPU per direction; default: catalog")
@@ -77,18 +80,22 @@ def parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("search space (or, with all of --dp --tp --pp --cp, one pinned configuration)")
     for name in PIN:
         s.add_argument(f"--{name}", type=WHOLE, help=f"pin the {name} size")
-    s.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2, 3], help="ZeRO stages to try")
+    s.add_argument("--zero", type=int, nargs="+", help="ZeRO stages to try; default: 0 1 2 3 (1 with "
+                   "--moe-model, which takes 0 and 1)")
     s.add_argument("--recompute", nargs="+", default=list(RECOMPUTE), choices=RECOMPUTE,
                    help="recomputation policies to try")
     s.add_argument("--micro-batch", type=WHOLE, help="the micro-batch size: pinned, or the only one the "
                    "search tries (default: every divisor of a replica's share up to --max-micro-batch)")
-    s.add_argument("--max-micro-batch", type=WHOLE, default=8, help="largest micro-batch size to try")
-    s.add_argument("--interleave", type=WHOLE, nargs="+", default=[1, 2, 4], help="pipeline chunks v to try")
+    s.add_argument("--max-micro-batch", type=WHOLE, help="largest micro-batch size to try; default: 8 (4 "
+                   "with --moe-model)")
+    s.add_argument("--interleave", type=WHOLE, nargs="+", help="pipeline chunks v to try; default: 1 2 4 "
+                   "(1 with --moe-model)")
     s.add_argument("--max-cp", type=WHOLE, help="largest context-parallel size to try; default: any")
     s.add_argument("--cp-split", choices=CP_SPLITS, default="zigzag", help="how cp cuts each sequence")
     s.add_argument("--usable-memory", type=REAL, default=0.9, help="fraction of HBM the estimate may fill")
     s.add_argument("--adam", choices=("default", *FORMS), default="default",
                    help="Adam's implementation (chapter 7's estimator); default: torch's on a GPU (foreach)")
+    moe_cli.add_arguments(p)
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     o.add_argument("--top", type=WHOLE, default=10, help="rows of the table")
@@ -112,7 +119,7 @@ def _inputs(a: argparse.Namespace, p: argparse.ArgumentParser
     run = lookup(a.published) if a.published else None
     if run is not None:
         return run.model_spec(), run.cluster(), run.workload(a.efficiency), run.settings, run
-    cluster = ClusterSpec(a.gpu, a.nodes, a.gpus_per_node, a.intra_GBps, a.inter_GBps, a.hbm_gb)
+    cluster = moe_cli.cluster(a)
     settings = Settings(usable_memory=a.usable_memory, cp_split=a.cp_split, adam=a.adam)
     return _model(a, p), cluster, Workload(a.batch, a.efficiency, a.kernels), settings, None
 
@@ -185,9 +192,20 @@ def report(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, Any]:
     return out
 
 
+def _dense_defaults(a: argparse.Namespace) -> None:
+    """The dense search's defaults of the flags it shares with the MoE search (which has its own)."""
+    a.zero = [0, 1, 2, 3] if a.zero is None else a.zero
+    a.interleave = [1, 2, 4] if a.interleave is None else a.interleave
+    a.max_micro_batch = 8 if a.max_micro_batch is None else a.max_micro_batch
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
+    if a.moe_model:
+        return moe_cli.run(a, p)
+    moe_cli.refuse_moe_flags(a, p)
+    _dense_defaults(a)
     if a.moe_published:
         if a.json:
             json.dump(moe_published.report(a.moe_published), sys.stdout, indent=1)

@@ -27,7 +27,11 @@ kernels' efficiency (`distlab.plan.efficiency`, as the dense planner):
 - **overlap** (`MoEAssumptions.a2a_overlap`, what DualPipe claims: DeepSeek-AI 2024, sec. 3.2.1): one
   micro-batch's all-to-all runs during another's compute, so a layer exposes only what its all-to-all
   takes beyond its compute; without it the whole all-to-all waits.
-- **tp**: 4 all-reduces of b (s/c) h bf16 values per layer and micro-batch (the dense planner's term).
+- **tp**: 4 all-reduces of b (s/c) h bf16 values per layer and micro-batch (the dense planner's term),
+  and with etp > 1 per MoE layer the experts' tensor-parallel collectives (`etp_seconds`): Megatron-Core's
+  all-to-all dispatcher all-gathers the received rows over the etp group before the experts and
+  reduce-scatters their outputs after (`MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/
+  token_dispatcher.py), and the backward does the same, 4 ring passes of the group's etp T k rows.
 - **bubble**: the pipeline runs (m + (p - 1)/v) slots of its slowest stage (1F1B, interleaved); DualPipe
   (`pipeline="dualpipe"`) is priced (m + p/2 - 1) slots, its Table 2 bubble (PP/2 - 1)(F&B + B - 3W)
   taken as p/2 - 1 slots.
@@ -39,8 +43,9 @@ kernels' efficiency (`distlab.plan.efficiency`, as the dense planner):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
-from distlab.collectives.cost_model import ring_all_reduce_time
+from distlab.collectives.cost_model import ring_all_gather_time, ring_all_reduce_time
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.memory.estimate.moe_states import check_moe_layout, stage_params
@@ -200,27 +205,58 @@ def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
     return [rows * (1 if a.fp8_dispatch else 2)] + [rows * 2] * 3
 
 
+def a2a_nodes(c: MoEConfig) -> int:
+    """The servers one ep group spans: its ep etp consecutive ranks (Megatron-Core's order, module
+    docstring) fit in one server (1) or fill n whole servers; a group that straddles servers unevenly (12
+    ranks on servers of 8) is refused, since its traffic would be neither of the two priced here."""
+    span, gpn = c.layout.expert_sizes["ep"] * c.layout.expert_sizes["etp"], c.cluster.gpus_per_node
+    if span <= gpn and gpn % span == 0:
+        return 1
+    if span > gpn and span % gpn == 0:
+        return span // gpn
+    raise ValueError(f"the ep x etp group of {span} consecutive ranks straddles servers of {gpn} GPUs "
+                     f"unevenly; choose ep x etp that divides {gpn} or is a multiple of it")
+
+
+@cache
+def _reach(experts: int, nodes: int, k: int, max_nodes: int) -> float:
+    """E[min(J, M)], chapter 6's `expected_nodes`, remembered: a search prices the same few groups often."""
+    return expected_nodes(experts, nodes, k, max_nodes)
+
+
 def a2a_seconds(c: MoEConfig, a: MoEAssumptions) -> float:
     """The 4 all-to-alls of one MoE layer and one micro-batch on one rank (module docstring)."""
     ms, e, gpn = c.shape, c.layout.expert_sizes, c.cluster.gpus_per_node
     t, k = c.tokens_per_rank, ms.moe.top_k
-    span = e["ep"] * e["etp"]
     if e["ep"] == 1:
         return 0.0
+    n = a2a_nodes(c)
     nvl, net = c.cluster.intra, c.cluster.inter
+    if n > 1:
+        NodeLayout(ms.moe.experts, e["ep"], max(1, gpn // e["etp"]), k, a.max_nodes)  # checks M
+    reach = _reach(ms.moe.experts, n, k, a.max_nodes) if n > 1 and a.max_nodes else k
     total = 0.0
     for buffer in a2a_bytes(c, a):
         row = buffer / (t * k)  # the bytes of one token's row
-        if span <= gpn and gpn % span == 0:
+        if n == 1:
             total += nvl.alpha + t * k * (e["ep"] - 1) / e["ep"] * row * nvl.beta
             continue
-        n = span // gpn
-        NodeLayout(ms.moe.experts, e["ep"], max(1, gpn // e["etp"]), k, a.max_nodes)  # checks M
-        reach = expected_nodes(ms.moe.experts, n, k, a.max_nodes) if a.max_nodes else k
         cross = t * reach * (n - 1) / n * row
         local = t * k * (gpn - 1) / gpn * row
         total += (n - 1) * net.alpha + max(cross * net.beta, local * nvl.beta)
     return total
+
+
+def etp_seconds(c: MoEConfig) -> float:
+    """The experts' tensor-parallel collectives of one MoE layer and micro-batch on one rank (module
+    docstring): an all-gather and a reduce-scatter forward and backward, ring times, of the etp T k rows of
+    h bf16 values the group's experts process, on NVLink when the group (etp consecutive ranks) stays in a
+    server."""
+    etp = c.layout.expert_sizes["etp"]
+    if etp == 1:
+        return 0.0
+    nbytes = etp * c.tokens_per_rank * c.shape.moe.top_k * c.shape.hidden * 2
+    return 4 * float(ring_all_gather_time(nbytes, etp, link(c.cluster, etp, 1)))
 
 
 def _stages(c: MoEConfig) -> list[tuple[int, int, float, float]]:
@@ -267,17 +303,19 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     tp_size = lay.size("tp")
     act = c.micro_batch * (ms.seq // lay.size("cp")) * ms.hidden * 2
     tp_layer = 4 * float(ring_all_reduce_time(act, tp_size, link(cl, tp_size, 1))) if tp_size > 1 else 0.0
-    slots, exposed, kernels = [], [], []
+    etp_layer = etp_seconds(c)
+    slots, exposed, kernels, moe_layers = [], [], [], []
     for layers, moe_n, s_lin, s_att in _stages(c):
         work = (s_lin / speed + s_att) / rate
         hidden = max(0.0, a2a_layer - work / layers) if a.a2a_overlap else a2a_layer
         kernels.append(work)
+        moe_layers.append(moe_n)
         exposed.append(moe_n * hidden)
-        slots.append(work + moe_n * hidden + layers * tp_layer)
+        slots.append(work + moe_n * (hidden + etp_layer) + layers * tp_layer)
     slow = max(range(pp), key=lambda i: slots[i])
     fill = max(pp / 2 - 1, 0.0) if a.pipeline == "dualpipe" else (pp - 1) / v
     a2a = m * exposed[slow]
-    tp = m * stages.stage_layers(ms.layers, pp)[slow] * tp_layer
+    tp = m * (stages.stage_layers(ms.layers, pp)[slow] * tp_layer + moe_layers[slow] * etp_layer)
     bubble = max(0.0, (m + fill) * slots[slow] - compute - a2a - tp)
     p2p = link(cl, pp, lay.world_size // pp)
     pp_t = 0.0 if pp == 1 else 2 * v * (m + pp - 1) * (p2p.alpha + act / tp_size * p2p.beta)
