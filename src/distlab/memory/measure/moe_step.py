@@ -1,0 +1,120 @@
+"""The peak of one training step of chapter 6's folded MoE block on a rank, measured, beside its prediction
+(`estimate.moe_step_peak`).
+
+A step is the one every trainer runs: `zero_grad(set_to_none=True)`, forward, the loss
+sum(y w) + 0.01 aux + 0.001 z (w fixed, outside the step), backward, `reduce_gradients` (the dp, tp and
+edp all-reduces of `FoldedMoEBlock`), Adam's step. `accounting.measure_step` counts it with `LiveBytes`;
+`warmup=0` measures the first step (Adam makes its state inside it), `warmup=1` a later one.
+
+Why a plain `LiveBytes` moves by a few hundred bytes from run to run on gloo: `ProcessGroupGloo` runs a
+collective on a worker thread of its own, which holds the work (and so the collective's tensors) until it
+drops it after marking the work complete (torch's `ProcessGroupGloo::runLoop`: `workInProgress_[i].reset()`
+comes after the work's future is set). `wait()` returns as soon as the future is set, so a tensor whose
+last Python reference went at the collective (the clone that `g` all-reduces, the buffer an all-to-all
+sent) is freed whenever that thread gets there: a few ops later in some runs, at once in others, and a
+peak that falls in those few ops sees it or not. `SettledLiveBytes` waits, after each collective, until
+gloo's threads have dropped it (it checks the storages the collective touched; at most `SETTLE_S`); the step
+then frees every tensor where its last reference goes, as on NCCL, and the peak is the same in every run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from distlab.memory.measure.accounting import LiveBytes, StepMemory, measure_step
+
+AUX_WEIGHT, Z_WEIGHT = 0.01, 0.001
+SETTLE_S = 0.05  # at most this long after a collective for gloo's worker to drop its work
+
+
+class SettledLiveBytes(LiveBytes):
+    """`LiveBytes` that lets gloo's worker threads drop a finished collective before the step goes on
+    (module docstring): a storage whose only owner is the finished work is freed before the next op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.op = ""
+        self.peak_op = ""  # the op whose output made the peak, and that output's bytes
+        self.peak_op_bytes = 0
+
+    def _add(self, t: Tensor) -> None:
+        peak = self.peak
+        super()._add(t)
+        if self.peak > peak:
+            self.peak_op, self.peak_op_bytes = self.op, t.untyped_storage().nbytes()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.op = func.__name__
+        if func.namespace != "c10d":
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        before = [t._use_count() for t in tensors]
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and any(
+                t._use_count() > n for t, n in zip(tensors, before, strict=True)):
+            time.sleep(1e-4)  # gloo's worker still holds the finished work's tensors
+        return out
+
+
+@dataclass(frozen=True)
+class MoEStepCase:
+    """One measured step: the folding (tp, ep over `world` ranks), routing (k, capacity factor), dtype,
+    Adam's implementation, first step or a later one, and the block's (small) shape."""
+
+    world: int
+    tp: int
+    ep: int
+    k: int = 2
+    capacity_factor: float = 4.0
+    dtype: str = "float32"
+    adam: str = "for-loop"
+    first_step: bool = False
+    batch: int = 4
+    seq: int = 16
+    hidden: int = 16
+    heads: int = 4
+    ffn: int = 32
+    experts: int = 8
+
+    def label(self) -> str:
+        step = "first step" if self.first_step else "later step"
+        return (f"{self.world} ranks, tp={self.tp}, ep={self.ep}, top-{self.k}, capacity {self.capacity_factor}, "
+                f"{self.dtype}, Adam {self.adam}, {step}")
+
+
+def measure_moe_step(case: MoEStepCase) -> dict:
+    """On a rank (inside `launch.run(fn, case.world)`): the measured `StepMemory` of one step of the folded
+    block, and what the router did (this rank's kept assignments per expert), for the prediction."""
+    import torch.distributed as dist
+
+    from distlab.memory.estimate.optimizer_step import adam_kwargs
+    from distlab.moe.folded_block import FoldedMoEBlock, MoEBlock
+    from distlab.moe.folding import fold_meshes
+
+    dtype = getattr(torch, case.dtype)
+    meshes = fold_meshes(tp=case.tp, ep=case.ep, num_heads=case.heads, num_experts=case.experts)
+    torch.manual_seed(0)
+    ref = MoEBlock(case.hidden, case.heads, case.ffn, case.experts, case.k, case.capacity_factor).to(dtype)
+    block = FoldedMoEBlock.from_reference(ref, meshes)
+    gen = torch.Generator().manual_seed(1 + dist.get_rank() // case.tp)  # one batch per dp replica
+    x = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dtype)
+    w = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dtype)
+    optimizer = torch.optim.Adam(block.parameters(), lr=1e-3, **adam_kwargs(case.adam))
+    seen: dict[str, list[int]] = {}
+
+    def loss_fn(model: FoldedMoEBlock) -> Tensor:
+        out = model(x)
+        seen["counts"] = out.routings[0].tokens_per_expert().tolist()
+        return (out.y * w).sum() + AUX_WEIGHT * out.aux_loss + Z_WEIGHT * out.z_loss
+
+    tracker = SettledLiveBytes()
+    memory: StepMemory = measure_step(block, loss_fn, optimizer, warmup=0 if case.first_step else 1,
+                                      after_backward=lambda: block.reduce_gradients(meshes), tracker=tracker)
+    return {"rank": dist.get_rank(), "memory": memory, "counts": seen["counts"], "peak_op": tracker.peak_op,
+            "peak_op_bytes": tracker.peak_op_bytes}
