@@ -11,7 +11,7 @@ of the weight gradients.
 
 from __future__ import annotations
 
-from distlab.memory.estimate.moe_step_ops import I, Widths, expert_terms
+from distlab.memory.estimate.moe_step_ops import Widths, expert_terms
 from distlab.memory.estimate.timeline import Timeline
 
 
@@ -44,7 +44,7 @@ def losses_backward(tl: Timeline, w: Widths) -> None:
 def combine_backward(tl: Timeline, w: Widths) -> None:
     """The gate-weighted sum back to the returned rows and the gates, the reverse combine all-to-all."""
     tl.where = "combine backward"
-    n, t, k, e = w.rows.sent, w.t, w.s.top_k, w.s.e
+    n, e = w.rows.sent, w.s.e
     tl.alloc("d.gated", w.h(n))
     tl.free("d.moe", "gated")
     tl.alloc("d.returned", w.h(n))
@@ -57,7 +57,6 @@ def combine_backward(tl: Timeline, w: Widths) -> None:
     tl.where = "combine all-to-all backward"
     tl.alloc("d.processed", w.h(w.R))
     tl.free("d.returned")
-    del k, t
 
 
 def expert_backward(tl: Timeline, w: Widths, j: int, incoming: str, first_seen: bool) -> str:
@@ -136,7 +135,6 @@ def router_backward(tl: Timeline, w: Widths) -> None:
     tl.alloc("d.ln_2.out.f", w.h(s.tokens))  # f's clone, all-reduced
     tl.free("d.ln_2.out")
     _norm_backward(tl, "ln_2", w, "h")
-    del k
 
 
 def _norm_backward(tl: Timeline, name: str, w: Widths, saved_input: str | None) -> None:
@@ -148,7 +146,7 @@ def _norm_backward(tl: Timeline, name: str, w: Widths, saved_input: str | None) 
     tl.free(f"d.{name}.out.f", f"{name}.mean", f"{name}.rstd", saved_input or "")
 
 
-def attention_backward(tl: Timeline, w: Widths, terms: dict[str, float]) -> None:
+def attention_backward(tl: Timeline, w: Widths) -> None:
     """The residual's gradient, the attention (output projection, the core, qkv), f's all-reduce, ln_1."""
     s, T, e, tp = w.s, w.s.tokens, w.s.e, w.s.tp
     inner = w.h(T) / tp
@@ -172,14 +170,14 @@ def attention_backward(tl: Timeline, w: Widths, terms: dict[str, float]) -> None
     tl.alloc("d.ln_1.out.f", w.h(T))
     tl.free("d.ln_1.out")
     _norm_backward(tl, "ln_1", w, None)  # the batch needs no gradient
-    del terms
+    tl.free("aux_loss", "z_loss")
 
 
-def backward(tl: Timeline, w: Widths, terms: dict[str, float]) -> None:
+def backward(tl: Timeline, w: Widths) -> None:
     """The whole backward, in autograd's order (module docstring)."""
     tl.phase = "backward"
     losses_backward(tl, w)
     combine_backward(tl, w)
     experts_backward(tl, w)
     router_backward(tl, w)
-    attention_backward(tl, w, terms)
+    attention_backward(tl, w)

@@ -15,8 +15,9 @@ appear as its backward runs, while its saved tensors go.
 `RankRows` is what the router did on this rank (the one input that depends on the data, as for the saved
 activations). The step's loss is sum(y w) + a aux + b z (`measure.moe_step`); the batch x and the weights w
 are the caller's, not the step's, so they are not counted (as `accounting.measure_step` leaves out the
-batch). Left out: the losses' scalars, the mesh's rank tensors in `reduce_gradients` and the 8-byte
-results of one-hot's range check (each under 64 bytes, gone within an op or two).
+batch). Left out, each under 64 bytes: the loss's own scalars, the 8-byte results of one-hot's range
+check, and the mesh's coordinates (int32, 4 bytes a rank) that `reduce_gradients` slices out of the
+DeviceMesh, which live on into the optimizer's step (freed when Python collects them).
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from dataclasses import dataclass
 from distlab.memory.estimate.moe_block_activations import INDEX_BYTES, MASK_BYTES, BlockShape, block_terms
 from distlab.memory.estimate.timeline import Timeline
 from distlab.moe.folded_block import token_slices
-
-I = INDEX_BYTES
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ def attention_forward(tl: Timeline, w: Widths, terms: dict[str, float]) -> None:
     tl.alloc("ln_2.out", w.h(T), "activations")  # the router's input (each rank's slice is a view)
     tl.alloc("ln_2.mean", stat, "activations")
     tl.alloc("ln_2.rstd", stat, "activations")
-    tl.alloc("slices", I * T)  # token_slices' arange
+    tl.alloc("slices", INDEX_BYTES * T)  # token_slices' arange
     tl.free("slices")
 
 
@@ -104,19 +103,19 @@ def router_forward(tl: Timeline, w: Widths) -> None:
     tl.alloc("logits", w.tE, "activations")
     tl.alloc("probs", w.tE, "activations")
     tl.alloc("top_probs", w.tk, "activations" if k > 1 else "temporaries")
-    tl.alloc("expert_index", I * t * k, "activations")
+    tl.alloc("expert_index", INDEX_BYTES * t * k, "activations")
     if k > 1:
         tl.alloc("top_sum", t * e, "activations")
         tl.alloc("gates_norm", w.tk)
     tl.where = "priority positions"
-    tl.alloc("flat", I * t * k)
-    tl.alloc("one_hot", I * t * k * E)
+    tl.alloc("flat", INDEX_BYTES * t * k)
+    tl.alloc("one_hot", INDEX_BYTES * t * k * E)
     tl.free("flat")
-    tl.alloc("cumsum", I * t * k * E)
-    tl.alloc("minus_one", I * t * k * E)
+    tl.alloc("cumsum", INDEX_BYTES * t * k * E)
+    tl.alloc("minus_one", INDEX_BYTES * t * k * E)
     tl.free("cumsum")
-    tl.alloc("flat2", I * t * k)
-    tl.alloc("position", I * t * k)
+    tl.alloc("flat2", INDEX_BYTES * t * k)
+    tl.alloc("position", INDEX_BYTES * t * k)
     tl.free("minus_one", "flat2", "one_hot")
     tl.alloc("kept", MASK_BYTES * t * k, "activations")
     tl.alloc("gates", w.tk)
@@ -127,28 +126,28 @@ def dispatch_forward(tl: Timeline, w: Widths) -> None:
     """The kept assignments sorted by expert, the counts, the dispatch all-to-all."""
     tl.where = "dispatch"
     n, E = w.rows.sent, w.s.experts
-    tl.alloc("nonzero", 2 * I * n)
-    tl.alloc("expert0", I * n)
-    tl.alloc("key.mul", I * n)
-    tl.alloc("key.pos", I * n)
-    tl.alloc("key", I * n)
+    tl.alloc("nonzero", 2 * INDEX_BYTES * n)
+    tl.alloc("expert0", INDEX_BYTES * n)
+    tl.alloc("key.mul", INDEX_BYTES * n)
+    tl.alloc("key.pos", INDEX_BYTES * n)
+    tl.alloc("key", INDEX_BYTES * n)
     tl.free("key.mul", "key.pos")
-    tl.alloc("sort.values", I * n)
-    tl.alloc("order", I * n)
+    tl.alloc("sort.values", INDEX_BYTES * n)
+    tl.alloc("order", INDEX_BYTES * n)
     tl.free("sort.values", "key")
-    tl.alloc("token", I * n, "activations")
-    tl.alloc("choice", I * n, "activations")
-    tl.alloc("expert", I * n)
+    tl.alloc("token", INDEX_BYTES * n, "activations")
+    tl.alloc("choice", INDEX_BYTES * n, "activations")
+    tl.alloc("expert", INDEX_BYTES * n)
     tl.free("expert0", "nonzero")
-    tl.alloc("send_counts", I * E)
-    tl.alloc("recv_counts", I * E)
+    tl.alloc("send_counts", INDEX_BYTES * E)
+    tl.alloc("recv_counts", INDEX_BYTES * E)
     tl.where = "dispatch all-to-all"
     tl.alloc("dispatch.send", w.h(n))  # tokens[token]
     tl.alloc("dispatch.recv", w.h(w.R))
     tl.free("dispatch.send")
-    tl.alloc("repeat", I * w.s.experts)
-    tl.alloc("local_expert", I * w.R)
-    tl.alloc("local_expert.tmp", I * w.R)
+    tl.alloc("repeat", INDEX_BYTES * w.s.experts)
+    tl.alloc("local_expert", INDEX_BYTES * w.R)
+    tl.alloc("local_expert.tmp", INDEX_BYTES * w.R)
     tl.free("local_expert.tmp", "repeat")
 
 
@@ -180,14 +179,16 @@ def combine_forward(tl: Timeline, w: Widths) -> None:
     tl.alloc("moe.y", w.h(t))
     tl.free("combine.zeros")
     tl.where = "losses"
-    tl.alloc("first.count", I * E)
+    tl.alloc("first.count", INDEX_BYTES * E)
     tl.alloc("first.float", E * e)
     tl.free("first.count")
     tl.alloc("fractions", E * e, "activations")
     tl.free("first.float")
+    tl.alloc("aux_loss", e)  # the losses' values, kept until backward is over
     tl.alloc("lse", t * e, "activations")
     tl.alloc("lse.squared", t * e)
     tl.free("lse.squared")
+    tl.alloc("z_loss", e)
     tl.free("order", "expert", "send_counts", "recv_counts", "dispatch.recv", "local_expert",
             f"processed{len(w.rows.received) - 1}" if w.rows.received else "processed")
     tl.where = "output (g)"
@@ -196,8 +197,8 @@ def combine_forward(tl: Timeline, w: Widths) -> None:
     tl.alloc("y", w.h(T))
     tl.free("moe.y", "moe.pad", "moe.g")
     tl.where = "loss"
-    tl.alloc("counts.index", I * n)  # the measurement reads the routing's counts (tokens_per_expert)
-    tl.alloc("counts", I * E)
+    tl.alloc("counts.index", INDEX_BYTES * n)  # the measurement reads the counts (tokens_per_expert)
+    tl.alloc("counts", INDEX_BYTES * E)
     tl.free("counts.index", "counts")
     tl.alloc("yw", w.h(T))
     tl.free("yw", "y", "gates", "position")

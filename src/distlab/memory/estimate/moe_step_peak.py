@@ -72,7 +72,8 @@ def _check(s: BlockShape, rows: RankRows, adam: str) -> None:
         raise ValueError(f"rows.received has {len(rows.received)} counts but the rank holds "
                          f"experts/ep = {s.experts // s.ep} experts; give one count per local expert")
     if not 0 <= rows.tp_rank < s.tp:
-        raise ValueError(f"rows.tp_rank={rows.tp_rank} is outside the tp group of {s.tp}; use 0 .. {s.tp - 1}")
+        raise ValueError(f"rows.tp_rank={rows.tp_rank} is outside the tp group of {s.tp}; "
+                         f"use 0 .. {s.tp - 1}")
 
 
 def predict_moe_step_peak(s: BlockShape, rows: RankRows, adam: str = "for-loop",
@@ -89,7 +90,7 @@ def predict_moe_step_peak(s: BlockShape, rows: RankRows, adam: str = "for-loop",
     if not first_step:
         tl.alloc("optimizer state", state, "optimizer")
     forward(tl, s, rows)
-    backward(tl, Widths(s, rows), {})
+    backward(tl, Widths(s, rows))
     tl.phase = "optimizer"
     if first_step:
         tl.where = "Adam's state, made lazily"

@@ -84,8 +84,8 @@ class MoEStepCase:
 
     def label(self) -> str:
         step = "first step" if self.first_step else "later step"
-        return (f"{self.world} ranks, tp={self.tp}, ep={self.ep}, top-{self.k}, capacity {self.capacity_factor}, "
-                f"{self.dtype}, Adam {self.adam}, {step}")
+        return (f"{self.world} ranks, tp={self.tp}, ep={self.ep}, top-{self.k}, capacity "
+                f"{self.capacity_factor}, {self.dtype}, Adam {self.adam}, {step}")
 
 
 def measure_moe_step(case: MoEStepCase) -> dict:
