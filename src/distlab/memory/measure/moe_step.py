@@ -88,6 +88,23 @@ class MoEStepCase:
                 f"{self.capacity_factor}, {self.dtype}, Adam {self.adam}, {step}")
 
 
+# The grid the tests hold and the book's table shows, by world size: tp 1/2, ep 1/2/3/4, top-1 and top-2,
+# capacity 1.0 (drops tokens under these batches' uneven routing) and 4.0 (drops none), fp32 and bf16,
+# Adam's for-loop and foreach, the first step and a later one; peaks in forward, backward and the step.
+GRID = {
+    1: [MoEStepCase(1, 1, 1, k=1),
+        MoEStepCase(1, 1, 1, k=2, dtype="bfloat16", adam="foreach", first_step=True)],
+    2: [MoEStepCase(2, 2, 2, k=2, capacity_factor=1.0),
+        MoEStepCase(2, 1, 2, k=1, capacity_factor=1.0, dtype="bfloat16", first_step=True),
+        MoEStepCase(2, 2, 1, k=2, adam="foreach", batch=2, seq=6, ffn=24)],
+    3: [MoEStepCase(3, 1, 3, k=2, capacity_factor=1.0, experts=6, adam="foreach"),
+        MoEStepCase(3, 1, 1, k=1, dtype="bfloat16")],
+    4: [MoEStepCase(4, 2, 4, k=2, capacity_factor=1.0),
+        MoEStepCase(4, 2, 2, k=1, dtype="bfloat16", adam="foreach", first_step=True),
+        MoEStepCase(4, 1, 4, k=2, batch=2, seq=6, ffn=24)],
+}
+
+
 def measure_moe_step(case: MoEStepCase) -> dict:
     """On a rank (inside `launch.run(fn, case.world)`): the measured `StepMemory` of one step of the folded
     block, and what the router did (this rank's kept assignments per expert), for the prediction."""
@@ -118,3 +135,50 @@ def measure_moe_step(case: MoEStepCase) -> dict:
                                       after_backward=lambda: block.reduce_gradients(meshes), tracker=tracker)
     return {"rank": dist.get_rank(), "memory": memory, "counts": seen["counts"], "peak_op": tracker.peak_op,
             "peak_op_bytes": tracker.peak_op_bytes}
+
+
+def measure_cases(cases: list[MoEStepCase]) -> list[dict]:
+    """On a rank: `measure_moe_step` of each case in turn (one launch for cases of one world size)."""
+    return [measure_moe_step(case) for case in cases]
+
+
+def compare(case: MoEStepCase, ranks: list[dict]) -> list[dict]:
+    """Each rank's measured step (`measure_moe_step`'s results, one per rank) beside the predicted peak
+    (`estimate.moe_step_peak`) for the routing that rank measured."""
+    from distlab.memory.estimate.moe_block_activations import BlockShape
+    from distlab.memory.estimate.moe_step_peak import predict_moe_step_peak, rank_rows_of
+
+    s = BlockShape(case.batch, case.seq, case.hidden, case.heads, case.ffn, case.experts, case.k, case.tp,
+                   case.ep, e=2 if case.dtype == "bfloat16" else 4)
+    counts = [r["counts"] for r in ranks]
+    out = []
+    for r in ranks:
+        rows = rank_rows_of(counts, r["rank"], case.tp, case.ep)
+        p = predict_moe_step_peak(s, rows, case.adam, case.first_step)
+        out.append({"rank": r["rank"], "predicted": p.peak_bytes, "measured": r["memory"].peak_bytes,
+                    "phase": p.phase, "measured_phase": r["memory"].peak_phase, "where": p.where,
+                    "peak_tensor_bytes": p.peak_tensor[1], "peak_op_bytes": r["peak_op_bytes"],
+                    "sum_of_parts": p.sum_of_parts_bytes, "rows": rows})
+    return out
+
+
+def table(grid: dict[int, list[MoEStepCase]] | None = None) -> str:
+    """The book's table: for each case its rank with the highest measured peak, predicted beside measured
+    (bytes), where the peak falls, and the estimator's sum (model states + all saved activations)."""
+    from distlab import launch
+
+    lines = ["| case | rank | predicted (B) | measured (B) | error | peak in | sum of parts |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for world, cases in sorted((GRID if grid is None else grid).items()):
+        runs = launch.run(measure_cases, world, cases, timeout=240)
+        for i, case in enumerate(cases):
+            top = max(compare(case, [r[i] for r in runs]), key=lambda row: row["measured"])
+            error = top["predicted"] / top["measured"] - 1
+            over = top["sum_of_parts"] / top["measured"] - 1
+            lines.append(f"| {case.label()} | {top['rank']} | {top['predicted']:,} | {top['measured']:,} | "
+                         f"{error:+.3%} | {top['phase']}: {top['where']} | {over:+.1%} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
