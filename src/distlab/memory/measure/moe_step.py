@@ -84,7 +84,8 @@ class MoEStepCase:
 
     def label(self) -> str:
         step = "first step" if self.first_step else "later step"
-        return (f"{self.world} ranks, tp={self.tp}, ep={self.ep}, top-{self.k}, capacity "
+        ranks = "1 rank" if self.world == 1 else f"{self.world} ranks"
+        return (f"{ranks}, tp={self.tp}, ep={self.ep}, top-{self.k}, capacity "
                 f"{self.capacity_factor}, {self.dtype}, Adam {self.adam}, {step}")
 
 
