@@ -1,7 +1,7 @@
 """Chapter 7's peak of one MoE training step (`estimate.moe_step_peak`) against the step measured on
 gloo ranks (`measure.moe_step`): chapter 6's folded block on 1-4 ranks, tp 1/2, ep 1/2/3/4, top-1 and
-top-2, a capacity factor that drops tokens, fp32 and bf16, Adam's for-loop and foreach forms, the first
-step (Adam's state made inside it) and a later one; peaks that fall in forward, backward and the
+top-2, a capacity factor that drops tokens, fp32 and bf16, Adam's for-loop, foreach and fused forms, the
+first step (Adam's state made inside it) and a later one; peaks that fall in forward, backward and the
 optimizer's step. The goal is 1 %; the model follows every tensor of the step, so it is in fact within a
 few bytes, and the test says so when it is not. Then the timeline's order, without processes."""
 
@@ -79,7 +79,7 @@ def test_the_grid_covers_what_the_issue_asks() -> None:
     assert {c.world for c in cases} == {1, 2, 3, 4}
     assert {c.tp for c in cases} == {1, 2} and {1, 2, 4} <= {c.ep for c in cases}
     assert {c.k for c in cases} == {1, 2} and {c.dtype for c in cases} == {"float32", "bfloat16"}
-    assert {c.adam for c in cases} == {"for-loop", "foreach"}
+    assert {c.adam for c in cases} == {"for-loop", "foreach", "fused"}
     assert {c.first_step for c in cases} == {True, False}
     assert 1.0 in {c.capacity_factor for c in cases} and len(cases) >= 8
 

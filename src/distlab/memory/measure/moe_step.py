@@ -89,10 +89,12 @@ class MoEStepCase:
 
 # The grid the tests hold and the book's table shows, by world size: tp 1/2, ep 1/2/3/4, top-1 and top-2,
 # capacity 1.0 (drops tokens under these batches' uneven routing) and 4.0 (drops none), fp32 and bf16,
-# Adam's for-loop and foreach, the first step and a later one; peaks in forward, backward and the step.
+# Adam's for-loop, foreach and fused forms, the first step and a later one; peaks in forward, backward
+# and the optimizer's step.
 GRID = {
     1: [MoEStepCase(1, 1, 1, k=1),
-        MoEStepCase(1, 1, 1, k=2, dtype="bfloat16", adam="foreach", first_step=True)],
+        MoEStepCase(1, 1, 1, k=2, dtype="bfloat16", adam="foreach", first_step=True),
+        MoEStepCase(1, 1, 1, k=2, adam="fused", batch=2, seq=6, ffn=64)],
     2: [MoEStepCase(2, 2, 2, k=2, capacity_factor=1.0),
         MoEStepCase(2, 1, 2, k=1, capacity_factor=1.0, dtype="bfloat16", first_step=True),
         MoEStepCase(2, 2, 1, k=2, adam="foreach", batch=2, seq=6, ffn=24)],
