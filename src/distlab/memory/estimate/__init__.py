@@ -19,5 +19,7 @@
   model states per rank over dp and edp, dispatch buffers, and an approximate peak (MLA included);
   `moe_savings`, DeepSeek-V3's recomputation and FP8 activation caching as options of that peak;
   `moe_block_activations`, every tensor chapter 6's folded block saves on a rank, from its measured
-  routing (equal to the bytes the block saves, byte for byte).
+  routing (equal to the bytes the block saves, byte for byte); `moe_step_peak`, the peak of one training
+  step of that block on a rank, tensor by tensor (`moe_step_ops`: forward and sizes, `moe_step_backward`:
+  autograd's order), against `measure.moe_step`'s measured step.
 """

@@ -9,4 +9,6 @@
 - `peak_zero`, `peak_pipeline`: the peak of a ZeRO step on each rank and of a pipelined step on each
   stage, predicted tensor by tensor and measured.
 - `accumulation_peak`: the peak of a step accumulated over micro-batches, measured.
+- `moe_step`: one training step of chapter 6's folded MoE block measured on each gloo rank
+  (`SettledLiveBytes`: the same peak in every run), beside `estimate.moe_step_peak`'s prediction.
 """

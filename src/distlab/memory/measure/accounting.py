@@ -167,9 +167,12 @@ def measure_step(
     loss_fn: Callable[[nn.Module], Tensor],
     optimizer: torch.optim.Optimizer,
     warmup: int = 1,
+    after_backward: Callable[[], None] | None = None,
+    tracker: LiveBytes | None = None,
 ) -> StepMemory:
     """Run `warmup` ordinary steps (so that the optimizer's state exists), then one step under
-    `LiveBytes` and the saved-tensor hooks, and split its memory by kind.
+    `LiveBytes` (or `tracker`, a subclass) and the saved-tensor hooks, and split its memory by kind.
+    `after_backward` runs between backward and the optimizer's step (a gradient reduction).
 
     A step is `zero_grad(set_to_none=True)`, `loss_fn(model).backward()`, `optimizer.step()`, so the
     gradients of the previous step are gone during forward, as in a usual training loop. `loss_fn` must
@@ -179,9 +182,11 @@ def measure_step(
     for _ in range(warmup):
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model).backward()
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    tracker = LiveBytes()
+    tracker = LiveBytes() if tracker is None else tracker
     tracker.adopt(params)
     tracker.adopt(optimizer_tensors(optimizer))
     param_ids, state_ids = tracker.ids_of(params), tracker.ids_of(optimizer_tensors(optimizer))
@@ -199,6 +204,8 @@ def measure_step(
         tracker.phase = "backward"
         loss.backward()
         del loss
+        if after_backward is not None:
+            after_backward()
         grads = [p.grad for p in params if p.grad is not None]
         grad_ids = tracker.ids_of(grads)
         tracker.phase = "optimizer"
