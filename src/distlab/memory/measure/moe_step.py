@@ -18,8 +18,9 @@ while the caller still holds the work (the tensors' use counts include the work'
 the caller and the worker have let go of it), so `SettledLiveBytes` pauses `SETTLE_S` after each
 collective, which gives gloo's thread the time to drop it; the step then frees every tensor where its last
 reference goes, as it would without the backend's thread, and the same step measured twice has the same
-peak to the byte (tests/memory/estimate/test_moe_step_peak.py). The pause costs about 1.5 s a measured
-step.
+peak to the byte on a machine whose cores are free enough for that thread to run within the pause (a
+wait, not a guarantee: tests/memory/estimate/test_moe_step_peak.py holds repeats within 1 %). The pause
+costs about 1.5 s a measured step.
 """
 
 from __future__ import annotations
