@@ -200,6 +200,24 @@ def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
     return [rows * (1 if a.fp8_dispatch else 2)] + [rows * 2] * 3
 
 
+def p2p_message_bytes(c: MoEConfig) -> int:
+    """One pipeline message, an activation or its gradient: b (s/c) h / t bf16 values (module docstring)."""
+    return c.micro_batch * (c.shape.seq // c.layout.size("cp")) * c.shape.hidden * 2 // c.layout.size("tp")
+
+
+def p2p_bytes(c: MoEConfig, stage: int, microbatches: int | None = None) -> dict[str, tuple[int, int]]:
+    """(messages, bytes) the rank of pipeline `stage` sends in one 1F1B step of `microbatches` (default the
+    config's m): "fwd", one activation per micro-batch on every stage but the last; "bwd", one gradient per
+    micro-batch on every stage but the first (Narayanan et al. 2021, sec. 2.2; v = 1)."""
+    pp, m = c.layout.size("pp"), microbatches or c.microbatches
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage={stage} is not a pipeline stage of pp={pp}; choose 0 <= stage < {pp}")
+    fwd = m if stage < pp - 1 else 0
+    bwd = m if stage > 0 else 0
+    one = p2p_message_bytes(c)
+    return {"fwd": (fwd, fwd * one), "bwd": (bwd, bwd * one)}
+
+
 def a2a_seconds(c: MoEConfig, a: MoEAssumptions) -> float:
     """The 4 all-to-alls of one MoE layer and one micro-batch on one rank (module docstring)."""
     ms, e, gpn = c.shape, c.layout.expert_sizes, c.cluster.gpus_per_node
@@ -265,7 +283,7 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     compute = 3 * tokens * (lin / speed + att) / (n * rate)
     a2a_layer = a2a_seconds(c, a)
     tp_size = lay.size("tp")
-    act = c.micro_batch * (ms.seq // lay.size("cp")) * ms.hidden * 2
+    act = p2p_message_bytes(c) * lay.size("tp")
     tp_layer = 4 * float(ring_all_reduce_time(act, tp_size, link(cl, tp_size, 1))) if tp_size > 1 else 0.0
     slots, exposed, kernels = [], [], []
     for layers, moe_n, s_lin, s_att in _stages(c):
@@ -280,6 +298,6 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     tp = m * stages.stage_layers(ms.layers, pp)[slow] * tp_layer
     bubble = max(0.0, (m + fill) * slots[slow] - compute - a2a - tp)
     p2p = link(cl, pp, lay.world_size // pp)
-    pp_t = 0.0 if pp == 1 else 2 * v * (m + pp - 1) * (p2p.alpha + act / tp_size * p2p.beta)
+    pp_t = 0.0 if pp == 1 else 2 * v * (m + pp - 1) * (p2p.alpha + p2p_message_bytes(c) * p2p.beta)
     dp = _dp_seconds(c, 2 / 3 * kernels[slow])
     return MoEStepTime(compute, bubble, a2a, tp, pp_t, dp, model_flops(ms, tokens), tokens, speed)
