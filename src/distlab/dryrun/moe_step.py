@@ -25,6 +25,9 @@ What it holds is counted on the tensors:
 - buffers: one MoE layer's forward all-to-all buffers, the send and the receive tensor of the dispatch and
   of the combine (the log's B is the send buffer; balanced routing makes the receive buffer the same size).
 
+With `savings` (chapter 7's `moe_savings.Savings`) the layers run DeepSeek-V3's recomputation and FP8
+activation caching (`moe_savings_step`), and the saved bytes are those of the cached forms.
+
 These are the quantities chapter 7's `moe_activations.moe_stage_peaks` estimates and chapter 9's
 `plan.moe_cost` prices (`a2a_bytes`, `p2p_bytes`). The dry run runs tp = 1 layouts (DeepSeek-V3's own,
 Megatron-Bridge's B200 and Qwen3 rows); interleaved stages (vp) run as 1F1B over the same layers.
@@ -44,8 +47,10 @@ from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import gradient_watch, storage_key
 from distlab.dryrun.moe_layer import gqa_forward, mla_forward
 from distlab.dryrun.moe_rank import FusedRMSNorm, _ep_group, moe_forward, stage_modules
+from distlab.dryrun.moe_savings_step import CachedSaves, dense_ffn, head, mark_rules, mla_attention, moe_half
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
+from distlab.memory.estimate.moe_savings import NONE, Savings
 from distlab.model_shape import ModelShape
 from distlab.pipeline.schedules import one_f_one_b_schedule
 
@@ -82,8 +87,9 @@ class StageStep:
 class _Stage:
     """The stage's modules and how one micro-batch runs through them (module docstring)."""
 
-    def __init__(self, ms: ModelShape, layout: Layout, stage: int, micro_batch: int, groups: tuple) -> None:
-        self.ms, self.b, self.groups, self.stage = ms, micro_batch, groups, stage
+    def __init__(self, ms: ModelShape, layout: Layout, stage: int, micro_batch: int, groups: tuple,
+                 savings: Savings = NONE) -> None:
+        self.ms, self.b, self.groups, self.stage, self.savings = ms, micro_batch, groups, stage, savings
         self.first, self.last = stage == 0, stage == layout.size("pp") - 1
         self.mods = stage_modules(ms, layout, stage).to(torch.bfloat16)
         start = sum(stages.stage_layers(ms.layers, layout.size("pp"))[:stage])
@@ -92,6 +98,9 @@ class _Stage:
         with torch.device("meta"):
             self.tables = (torch.empty(ms.seq, rope, dtype=torch.bfloat16),) * 2
         self.weights = {storage_key(p) for p in [*self.mods.parameters(), *self.tables]}
+        self.rules: list[str] = []  # the saving rule of the linear layer running now (moe_savings_step)
+        if savings.fp8:
+            mark_rules(self.mods, self.rules)
 
     def _moe_view(self, layer: nn.ModuleDict) -> nn.ModuleDict:
         """The layer's MoE half in the names `moe_forward` reads (the same parameters)."""
@@ -101,7 +110,17 @@ class _Stage:
         view.register_parameter("norm", layer["ffn_norm"].weight)
         return view
 
+    def _saving_layer(self, layer: nn.ModuleDict, moe: bool, x: Tensor) -> Tensor:
+        """A layer under DeepSeek-V3's savings (`moe_savings_step`)."""
+        sv = self.savings
+        h = x + mla_attention(layer["attn"], layer["attn_norm"].weight, x, self.b, self.tables, self.ms, sv)
+        if moe:
+            return h + moe_half(self._moe_view(layer), h, self.ms.moe.top_k, self.groups[0], sv, self.rules)
+        return h + dense_ffn(layer["mlp"], layer["ffn_norm"].weight, h, sv)
+
     def _layer(self, layer: nn.ModuleDict, moe: bool, x: Tensor) -> Tensor:
+        if self.savings != NONE:
+            return self._saving_layer(layer, moe, x)
         attend = mla_forward if self.ms.moe.mla else gqa_forward
         h = x + attend(layer["attn"], layer["attn_norm"].weight, x, self.b, self.tables, self.ms)
         if moe:
@@ -116,6 +135,8 @@ class _Stage:
             h = self._layer(layer, moe, h)
         if not self.last:
             return h
+        if self.savings != NONE:
+            return head(self.mods, h, self.savings)
         logits = self.mods["head"](FusedRMSNorm.apply(h, self.mods["final_norm"].weight))
         targets = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         return F.cross_entropy(logits.float(), targets)
@@ -159,20 +180,14 @@ class _Walk:
         return torch.empty(self.tokens, self.stage.ms.hidden, dtype=torch.bfloat16, device="meta")
 
     def _forward(self, mb: int) -> None:
-        seen: dict[int, int] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            if storage_key(t) not in self.stage.weights:
-                seen.setdefault(storage_key(t), t.untyped_storage().nbytes())
-            return t
-
+        saves = CachedSaves(self.stage.weights, self.stage.savings.fp8, self.stage.rules)
         if self.stage.first:
             x = torch.zeros(self.stage.b, self.stage.ms.seq, dtype=torch.long, device="meta")
         else:
             x = self.inputs[mb]
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(saves.pack, saves.unpack):
             self.outputs[mb] = self.stage.forward(x)
-        self.saved[mb] = sum(seen.values())
+        self.saved[mb] = saves.nbytes
         self.live += self.saved[mb]
         if self.live > self.peak:
             self.peak, self.peak_count = self.live, len(self.outputs)
@@ -210,7 +225,10 @@ def _messages(log, op: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-un
     return out
 
 
-def _check(ms: ModelShape, layout: Layout, micro_batch: int) -> None:
+def _check(ms: ModelShape, layout: Layout, micro_batch: int, savings: Savings) -> None:
+    if savings != NONE and ms.moe is not None and ms.moe.mla is None:
+        raise ValueError(f"savings={savings} are DeepSeek-V3's, for multi-head latent attention; this shape "
+                         "has grouped-query attention: run it with savings=NONE")
     if ms.moe is None or layout.size("tp") != 1 or layout.size("cp") != 1:
         raise ValueError("stage_step runs an MoE shape (moe=MoEShape(...)) on a layout with tp=1 and cp=1 "
                          f"(got tp={layout.size('tp')}, cp={layout.size('cp')}); choose a tp=1 layout, e.g. "
@@ -224,18 +242,19 @@ def _check(ms: ModelShape, layout: Layout, micro_batch: int) -> None:
 
 
 def stage_step(ms: ModelShape, layout: Layout, rank: int, micro_batch: int = 1,
-               microbatches: int | None = None) -> StageStep:
+               microbatches: int | None = None, savings: Savings = NONE) -> StageStep:
     """Rank `rank` of `layout` runs its pipeline stage's whole 1F1B step of `microbatches` micro-batches
     (default p) of `micro_batch` sequences on the meta device and the fake process group (module
-    docstring)."""
-    _check(ms, layout, micro_batch)
+    docstring), with DeepSeek-V3's `savings` (`moe_savings_step`) or none."""
+    _check(ms, layout, micro_batch, savings)
     pp = layout.size("pp")
     m = pp if microbatches is None else microbatches
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"microbatches={microbatches!r} must be a positive integer")
     with fake_world(rank, layout.world_size):
         stage_index = layout.coords(rank)["pp"]
-        stage = _Stage(ms, layout, stage_index, micro_batch, (dist.new_group(_ep_group(layout, rank)), None))
+        stage = _Stage(ms, layout, stage_index, micro_batch, (dist.new_group(_ep_group(layout, rank)), None),
+                       savings)
         walk = _Walk(stage, _peers(layout, rank), micro_batch * ms.seq)
         with comm_log() as log, gradient_watch(stage.mods) as grads:
             for action in one_f_one_b_schedule(pp, m).actions[stage_index]:

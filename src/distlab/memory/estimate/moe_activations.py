@@ -17,7 +17,8 @@ value (2 for BF16), nothing recomputed unless `savings` says so (below):
   log-sum-exp. This is the approximation: a kernel that fuses the up-projections saves less;
 - **MoE**: the norm's input and output T h (T / tp h each with sequence parallelism, which Megatron-Core
   requires with tp > 1 and experts: its `TransformerConfig` refuses the one without the other); the router's
-  probabilities on the rank's T / tp tokens, E fp32 each; per routed copy (T / tp tokens x k): the expert's
+  probabilities on the rank's T / tp tokens, E fp32 each (and, under FP8 caching, its own BF16 copy of the
+  norm's output, `Savings.router_input`); per routed copy (T / tp tokens x k): the expert's
   input h, its gate and up outputs 2 F_e, the SiLU's output F_e and the product F_e (SwiGLU, unfused; a GELU
   expert saves F_e twice), and the copy's output h as the combine gets it back, with its gate, both kept by
   the product that weights one by the other; the shared experts as a dense gated MLP of width F_s / tp on T
@@ -102,7 +103,8 @@ def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 
         return out + hidden_bytes(ms, tokens, ms.ffn_size / tp, e, savings)
     m = ms.moe
     shared = hidden_bytes(ms, tokens, m.shared_width * m.shared_experts / tp, e, savings, moe=True)
-    return out + tokens / tp * m.experts * 4 + routed_bytes(ms, tokens, tp, e, savings) + shared
+    router = tokens / tp * m.experts * 4 + norm_tokens * ms.hidden * savings.router_input(e)
+    return out + router + routed_bytes(ms, tokens, tp, e, savings) + shared
 
 
 @dataclass(frozen=True)
