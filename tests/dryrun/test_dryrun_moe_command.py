@@ -39,7 +39,7 @@ def test_the_last_stage_fits_and_reports_json(capsys: pytest.CaptureFixture[str]
     (["--moe-published", "deepseek-v3", "--rank", "2048"],
      "--rank 2048 is not a rank of deepseek-v3's 2048 GPUs"),
     (["--moe-published", "deepseek-v3", "--savings", "fp16"], "--savings 'fp16': give none, recompute, fp8"),
-    (["--moe-published", "bridge-deepseek-v3-h100"], "tp=1"),
+    (["--moe-published", "bridge-deepseek-v3-h100", "--savings", "fp8"], "with tp=1"),
 ])
 def test_bad_names_ranks_and_savings_name_the_fix(argv: list[str], message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

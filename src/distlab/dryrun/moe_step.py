@@ -29,8 +29,12 @@ With `savings` (chapter 7's `moe_savings.Savings`) the layers run DeepSeek-V3's 
 activation caching (`moe_savings_step`), and the saved bytes are those of the cached forms.
 
 These are the quantities chapter 7's `moe_activations.moe_stage_peaks` estimates and chapter 9's
-`plan.moe_cost` prices (`a2a_bytes`, `p2p_bytes`). The dry run runs tp = 1 layouts (DeepSeek-V3's own,
-Megatron-Bridge's B200 and Qwen3 rows); interleaved stages (vp) run as 1F1B over the same layers.
+`plan.moe_cost` prices (`a2a_bytes`, `p2p_bytes`). With tp > 1 (Megatron-Bridge's H100 row) the stage runs
+under the sequence parallelism Megatron-Core requires with experts: the messages and the residual stream
+are the rank's T / tp tokens; each layer all-gathers them for attention (on all T, heads split) and
+reduce-scatters its output, as `moe_layer.whole_layer_step` does; a dense layer's MLP, the output layer and
+the loss likewise run on all T, the embedding's partial sums are reduce-scattered. Interleaved stages (vp)
+run as 1F1B over the same layers; the savings run with tp = 1 only.
 """
 
 from __future__ import annotations
@@ -45,9 +49,10 @@ from torch import Tensor, nn
 from distlab.comm_log import comm_log
 from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import gradient_watch, storage_key
-from distlab.dryrun.moe_layer import gqa_forward, mla_forward
+from distlab.dryrun.moe_layer import _residual, gqa_forward, mla_forward
 from distlab.dryrun.moe_rank import FusedRMSNorm, _ep_group, moe_forward, stage_modules
 from distlab.dryrun.moe_savings_step import CachedSaves, dense_ffn, head, mark_rules, mla_attention, moe_half
+from distlab.dryrun.moe_sequence_parallel import AllGather, ReduceScatter, tp_group_ranks
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.memory.estimate.moe_savings import NONE, Savings
@@ -118,26 +123,36 @@ class _Stage:
             return h + moe_half(self._moe_view(layer), h, self.ms.moe.top_k, self.groups[0], sv, self.rules)
         return h + dense_ffn(layer["mlp"], layer["ffn_norm"].weight, h, sv)
 
+    def _gather(self, x: Tensor) -> Tensor:
+        """All T tokens from the rank's T / tp under sequence parallelism (tp > 1); x itself with tp = 1."""
+        return x if self.groups[1] is None else AllGather.apply(x, self.groups[1])
+
     def _layer(self, layer: nn.ModuleDict, moe: bool, x: Tensor) -> Tensor:
         if self.savings != NONE:
             return self._saving_layer(layer, moe, x)
-        attend = mla_forward if self.ms.moe.mla else gqa_forward
-        h = x + attend(layer["attn"], layer["attn_norm"].weight, x, self.b, self.tables, self.ms)
+        attend, tp = (mla_forward if self.ms.moe.mla else gqa_forward), self.groups[1]
+        full = self._gather(x)
+        h = _residual(full, attend(layer["attn"], layer["attn_norm"].weight, full, self.b, self.tables,
+                                   self.ms), tp)
         if moe:
             return h + moe_forward(self._moe_view(layer), h, self.ms.moe.top_k, self.groups, ["layer"])
-        return h + layer["mlp"](FusedRMSNorm.apply(h, layer["ffn_norm"].weight))
+        y = layer["mlp"](FusedRMSNorm.apply(self._gather(h), layer["ffn_norm"].weight))
+        return h + (y if tp is None else ReduceScatter.apply(y, tp))
 
     def forward(self, x: Tensor) -> Tensor:
         """x: the token ids (b, s) on the first stage, else the received (b s, h) activations; returns the
         activations to send on, or the loss on the last stage."""
-        h = self.mods["embedding"](x).view(-1, self.ms.hidden) if self.first else x
+        h = x
+        if self.first:
+            h = self.mods["embedding"](x).view(-1, self.ms.hidden)
+            h = h if self.groups[1] is None else ReduceScatter.apply(h, self.groups[1])  # vocab-parallel
         for layer, moe in zip(self.mods["layers"], self.moe, strict=True):
             h = self._layer(layer, moe, h)
         if not self.last:
             return h
         if self.savings != NONE:
             return head(self.mods, h, self.savings)
-        logits = self.mods["head"](FusedRMSNorm.apply(h, self.mods["final_norm"].weight))
+        logits = self.mods["head"](FusedRMSNorm.apply(self._gather(h), self.mods["final_norm"].weight))
         targets = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         return F.cross_entropy(logits.float(), targets)
 
@@ -225,20 +240,27 @@ def _messages(log, op: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-un
     return out
 
 
+def _groups(layout: Layout, rank: int) -> tuple:
+    """The rank's ep group and its tp group (None with tp = 1), made on the fake world."""
+    tp = dist.new_group(tp_group_ranks(layout, rank)) if layout.size("tp") > 1 else None
+    return dist.new_group(_ep_group(layout, rank)), tp
+
+
 def _check(ms: ModelShape, layout: Layout, micro_batch: int, savings: Savings) -> None:
-    if savings != NONE and ms.moe is not None and ms.moe.mla is None:
-        raise ValueError(f"savings={savings} are DeepSeek-V3's, for multi-head latent attention; this shape "
-                         "has grouped-query attention: run it with savings=NONE")
-    if ms.moe is None or layout.size("tp") != 1 or layout.size("cp") != 1:
-        raise ValueError("stage_step runs an MoE shape (moe=MoEShape(...)) on a layout with tp=1 and cp=1 "
-                         f"(got tp={layout.size('tp')}, cp={layout.size('cp')}); choose a tp=1 layout, e.g. "
-                         "deepseek-v3 or bridge-deepseek-v3-b200")
+    tp = layout.size("tp")
+    if ms.moe is None or layout.size("cp") != 1:
+        raise ValueError("stage_step runs an MoE shape (moe=MoEShape(...)) on a layout with cp=1 "
+                         f"(got cp={layout.size('cp')}); choose a judged MoE layout")
+    if savings != NONE and (ms.moe.mla is None or tp != 1):
+        raise ValueError(f"savings={savings} are DeepSeek-V3's, for multi-head latent attention with tp=1; "
+                         f"this layout has tp={tp} and {'MLA' if ms.moe.mla else 'grouped-query attention'}: "
+                         "run it with savings=NONE")
     if ms.moe.shared_experts > 1 or ms.moe.shared_gate:
         raise ValueError("stage_step runs at most one ungated shared expert (DeepSeek-V3's); this shape "
                          f"has {ms.moe.shared_experts} (gate: {ms.moe.shared_gate})")
-    if micro_batch * ms.seq * ms.moe.top_k % layout.expert_sizes["ep"]:
-        raise ValueError(f"micro_batch={micro_batch}: its b s k token copies do not spread evenly over "
-                         f"ep={layout.expert_sizes['ep']}; choose another micro_batch")
+    if micro_batch * ms.seq % tp or micro_batch * ms.seq // tp * ms.moe.top_k % layout.expert_sizes["ep"]:
+        raise ValueError(f"micro_batch={micro_batch}: its b s tokens must split over tp={tp} and their "
+                         f"T k / tp copies over ep={layout.expert_sizes['ep']}; choose another micro_batch")
 
 
 def stage_step(ms: ModelShape, layout: Layout, rank: int, micro_batch: int = 1,
@@ -253,9 +275,8 @@ def stage_step(ms: ModelShape, layout: Layout, rank: int, micro_batch: int = 1,
         raise ValueError(f"microbatches={microbatches!r} must be a positive integer")
     with fake_world(rank, layout.world_size):
         stage_index = layout.coords(rank)["pp"]
-        stage = _Stage(ms, layout, stage_index, micro_batch, (dist.new_group(_ep_group(layout, rank)), None),
-                       savings)
-        walk = _Walk(stage, _peers(layout, rank), micro_batch * ms.seq)
+        stage = _Stage(ms, layout, stage_index, micro_batch, _groups(layout, rank), savings)
+        walk = _Walk(stage, _peers(layout, rank), micro_batch * ms.seq // layout.size("tp"))
         with comm_log() as log, gradient_watch(stage.mods) as grads:
             for action in one_f_one_b_schedule(pp, m).actions[stage_index]:
                 with log.where(action.op.split("_")[-1]):
