@@ -13,7 +13,8 @@ from distlab.dryrun.moe_rank import FusedRMSNorm, moe_layer_step, split_counts, 
 from distlab.memory.estimate.moe_activations import attention_bytes, layer_bytes, routed_bytes
 from distlab.memory.estimate.moe_states import moe_states, stage_params
 from distlab.plan import moe_published
-from distlab.plan.moe_cost import MoEAssumptions, a2a_bytes
+from distlab.plan.moe_cost import MoEAssumptions
+from distlab.plan.moe_traffic import a2a_bytes
 
 
 @pytest.mark.parametrize("name", [r.name for r in moe_published.JUDGED])

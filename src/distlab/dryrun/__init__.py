@@ -21,8 +21,15 @@ recorded, not predicted. One idea per file:
   equal to the real run call for call;
 - `moe_rank`: a DeepSeek-V3-shaped rank: `stage_modules` (one rank's stage of a published MoE layout on the
   meta device) and `moe_layer_step` (one MoE layer's all-to-alls and saved tensors on the fake world);
+- `moe_layer`: `whole_layer_step`, a whole MoE layer (MLA or grouped-query attention, then the MoE half);
+- `moe_step`: `stage_step`, one rank's whole 1F1B step of its pipeline stage: its messages, all-to-alls,
+  model states and the peak it holds, against chapter 9's traffic and chapter 7's `moe_stage_peaks`;
+- `moe_savings_step`: DeepSeek-V3's savings run on meta (FP8 caching as saved-tensor hooks, recomputation
+  as checkpoints);
+- `moe_report`: `moe_dry_run` and `moe_report`, a judged MoE rank beside the models (`--moe-published`);
 - `report`: the tables the command line and the lab print;
-- `__main__`: `python -m distlab.dryrun --published llama3-405b-16k --rank 5`.
+- `__main__`: `python -m distlab.dryrun --published llama3-405b-16k --rank 5`, or `--moe-published
+  deepseek-v3 --rank 130 --savings recompute,fp8`.
 """
 
 from distlab.dryrun.cost_model import Agreement, Prediction, agreement, predicted

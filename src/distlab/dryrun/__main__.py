@@ -2,6 +2,7 @@
 
     python -m distlab.dryrun --published llama3-405b-16k --rank 5
     python -m distlab.dryrun --published megatron-1t --rank 0 --layers 64 --microbatches 8 --json
+    python -m distlab.dryrun --moe-published deepseek-v3 --rank 130 --savings recompute,fp8
 
 It prints the calls the rank made per mesh axis (from `distlab.comm_log`) and the bytes it sent and held
 beside chapter 9's traffic model and chapter 7's memory estimator (`cost_model.agreement`), then what the
@@ -11,6 +12,11 @@ world is torch's fake process group. Attention saves what the fused kernel of a 
 (`--attention flash`); `--attention math` measures the s x s probabilities of the math path instead, the
 path the meta device takes by itself. Chapter 7's estimator describes the first pipeline stage, so memory
 is compared only for a rank of that stage.
+
+`--moe-published NAME` runs instead one rank of a judged MoE layout (`moe_report`): its pipeline stage's
+whole 1F1B step, with DeepSeek-V3's `--savings` (recompute, fp8, both or none), its messages and
+all-to-alls beside chapter 9's model and its held memory beside chapter 7's, on every stage; it exits 1
+when they differ by more than `--tolerance` or the rank does not fit its GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from distlab.cli_types import DTYPES, add_dtype, add_json, between, non_negative
 from distlab.dryrun.attention import ATTENTIONS
 from distlab.dryrun.cost_model import agreement, predicted
 from distlab.dryrun.layouts import dry_run_names, from_published
+from distlab.dryrun.moe_report import MOE_NAMES, moe_dry_run, moe_report, parse_savings
 from distlab.dryrun.report import agreement_table, calls_table, fits, fits_line, to_dict
 from distlab.dryrun.run import dry_run
 
@@ -42,14 +49,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=sorted(ATTENTIONS), default="flash",
                    help="flash: attention saves what the fused kernel of a real run saves (a log-sum-exp "
                         "per row); math: the s x s probabilities of PyTorch's math path")
+    p.add_argument("--moe-published", choices=MOE_NAMES, default=None,
+                   help="run one rank of this judged MoE layout (chapter 9's moe_published) instead")
+    p.add_argument("--savings", default="none",
+                   help="with --moe-published: DeepSeek-V3's activation savings, none, recompute, fp8 or "
+                        "recompute,fp8")
     add_dtype(p, "float32", "the trainer's dtype (chapter 7's estimator is compared in float32)")
     add_json(p)
     return p
 
 
+def moe_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--moe-published: one rank of a judged MoE layout, its whole step beside the models."""
+    try:
+        run = moe_dry_run(args.moe_published, args.rank, parse_savings(args.savings), args.microbatches)
+    except ValueError as e:
+        p.error(str(e))
+    if args.json:
+        print(json.dumps({"layout": run.name, "rank": run.step.rank, "stage": run.step.stage,
+                          "gpu": run.gpu, "hbm_bytes": run.hbm_bytes, "fits": run.fits, "worst": run.worst(),
+                          "rows": [list(r) for r in run.rows]}, indent=2))
+    else:
+        print(moe_report(run, args.tolerance))
+    return 0 if run.worst() <= args.tolerance and run.fits else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.moe_published is not None:
+        return moe_main(p, args)
     try:
         layout = from_published(args.published, args.layers, args.microbatches)
         stage = layout.coords(args.rank)["pp"]

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from distlab import dist_compat
 from distlab.layout import Layout
 
-__all__ = ["tp_group_ranks", "SequenceParallelLinear", "sequence_parallel_swiglu"]
+__all__ = ["AllGather", "ReduceScatter", "SequenceParallelLinear", "sequence_parallel_swiglu",
+           "tp_group_ranks"]
 
 
 def tp_group_ranks(layout: Layout, rank: int) -> list[int]:
@@ -75,6 +76,20 @@ class ReduceScatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         return _gather(grad, ctx.group), None
+
+
+class AllGather(torch.autograd.Function):
+    """The sequence-parallel g: all-gather the tp group's T / tp slices into all T tokens forward,
+    reduce-scatter the gradient back; saves nothing (what a layer then saves of the T tokens is its own)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _reduce_scatter(grad, ctx.group), None
 
 
 def sequence_parallel_swiglu(x: Tensor, mlp: nn.Module, group: dist.ProcessGroup) -> Tensor:

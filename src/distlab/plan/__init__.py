@@ -16,7 +16,8 @@ One idea per file:
   published run), `explain`.
 - `moe_cost`: a mixture of experts on a folded layout (`MoEConfig`, `MoEAssumptions`, `moe_step_time`):
   compute on the active parameters, the all-to-all priced by where its group lies, node-limited routing
-  and the overlap a run claims; `moe_published`: chapter 6's published MoE rows judged (`JUDGED`, `judge`,
+  and the overlap a run claims; `moe_traffic`: the bytes it moves (`a2a_bytes`, `a2a_nodes`, `p2p_bytes`,
+  the dry run's yardstick); `moe_published`: chapter 6's published MoE rows judged (`JUDGED`, `judge`,
   `table`); `moe_search`: the search over expert layouts (`search`: pp, tp, ep, etp folded over the
   same GPUs, the rules each candidate breaks counted, memory by `moe_peak_bytes`, ranked by
   `moe_step_time`); `moe_report` (its table, JSON and the published layout's rank) and `moe_cli` (its

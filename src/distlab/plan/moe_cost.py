@@ -56,6 +56,7 @@ from distlab.moe.node_limited import NodeLayout
 from distlab.plan.cost_model import link
 from distlab.plan.efficiency import efficiency_for
 from distlab.plan.inputs import ClusterSpec
+from distlab.plan.moe_traffic import a2a_bytes, a2a_nodes, p2p_message_bytes
 
 PIPELINES = ("1f1b", "dualpipe")
 MOE_TERMS = ("compute", "bubble", "a2a", "tp", "pp", "dp")
@@ -198,26 +199,6 @@ def fp8_speedup(c: MoEConfig, casts: str = "separate") -> float:
     return t["bf16"] / (t["fp8"] if casts == "separate" else t["fp8 gemm"])
 
 
-def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
-    """The buffers of one MoE layer's 4 all-to-alls on one rank and micro-batch, T k h b bytes each: the
-    forward dispatch (1-byte values with `fp8_dispatch`), the forward combine and the two of the backward."""
-    rows = c.tokens_per_rank * c.shape.moe.top_k * c.shape.hidden
-    return [rows * (1 if a.fp8_dispatch else 2)] + [rows * 2] * 3
-
-
-def a2a_nodes(c: MoEConfig) -> int:
-    """The servers one ep group spans: its ep etp consecutive ranks (Megatron-Core's order, module
-    docstring) fit in one server (1) or fill n whole servers; a group that straddles servers unevenly (12
-    ranks on servers of 8) is refused, since its traffic would be neither of the two priced here."""
-    span, gpn = c.layout.expert_sizes["ep"] * c.layout.expert_sizes["etp"], c.cluster.gpus_per_node
-    if span <= gpn and gpn % span == 0:
-        return 1
-    if span > gpn and span % gpn == 0:
-        return span // gpn
-    raise ValueError(f"the ep x etp group of {span} consecutive ranks straddles servers of {gpn} GPUs "
-                     f"unevenly; choose ep x etp that divides {gpn} or is a multiple of it")
-
-
 @cache
 def _reach(experts: int, nodes: int, k: int, max_nodes: int) -> float:
     """E[min(J, M)], chapter 6's `expected_nodes`, remembered: a search prices the same few groups often."""
@@ -301,7 +282,7 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     compute = 3 * tokens * (lin / speed + att) / (n * rate)
     a2a_layer = a2a_seconds(c, a)
     tp_size = lay.size("tp")
-    act = c.micro_batch * (ms.seq // lay.size("cp")) * ms.hidden * 2
+    act = p2p_message_bytes(c) * lay.size("tp")
     tp_layer = 4 * float(ring_all_reduce_time(act, tp_size, link(cl, tp_size, 1))) if tp_size > 1 else 0.0
     etp_layer = etp_seconds(c)
     slots, exposed, kernels, moe_layers = [], [], [], []
@@ -318,6 +299,6 @@ def moe_step_time(c: MoEConfig, a: MoEAssumptions | None = None) -> MoEStepTime:
     tp = m * (stages.stage_layers(ms.layers, pp)[slow] * tp_layer + moe_layers[slow] * etp_layer)
     bubble = max(0.0, (m + fill) * slots[slow] - compute - a2a - tp)
     p2p = link(cl, pp, lay.world_size // pp)
-    pp_t = 0.0 if pp == 1 else 2 * v * (m + pp - 1) * (p2p.alpha + act / tp_size * p2p.beta)
+    pp_t = 0.0 if pp == 1 else 2 * v * (m + pp - 1) * (p2p.alpha + p2p_message_bytes(c) * p2p.beta)
     dp = _dp_seconds(c, 2 / 3 * kernels[slow])
     return MoEStepTime(compute, bubble, a2a, tp, pp_t, dp, model_flops(ms, tokens), tokens, speed)

@@ -12,7 +12,7 @@ DeepSeek-V3's activation savings (`memory.estimate.moe_savings`). What is enumer
   tp not dividing the heads, dp not dividing the global batch (every candidate then trains the same
   sequences, so their step times compare), ep not dividing the experts, etp not dividing the experts' FFN,
   pp ep etp not dividing the GPUs (edp not whole), and an ep x etp group that straddles servers unevenly
-  (`moe_cost.a2a_nodes`: the group is ep etp consecutive ranks, Megatron-Core's order, so where it lies,
+  (`moe_traffic.a2a_nodes`: the group is ep etp consecutive ranks, Megatron-Core's order, so where it lies,
   inside a server or across n of them, follows from the sizes);
 - cp = 1 and one pipeline chunk per stage (v = 1): `moe_cost.moe_step_time` has no context-parallel
   term, and `moe_activations.moe_peak_bytes` counts 1F1B's in-flight micro-batches, not the interleaved
@@ -53,7 +53,8 @@ from distlab.model_shape import ModelShape
 from distlab.moe.published_runs import DEEPSEEK_V3, QWEN2_57B_A14B, QWEN3_30B_A3B, PublishedShape
 from distlab.plan.inputs import ClusterSpec
 from distlab.plan.limits import divisors
-from distlab.plan.moe_cost import MOE_TERMS, MoEAssumptions, MoEConfig, MoEStepTime, a2a_nodes, moe_step_time
+from distlab.plan.moe_cost import MOE_TERMS, MoEAssumptions, MoEConfig, MoEStepTime, moe_step_time
+from distlab.plan.moe_traffic import a2a_nodes
 
 MOE_MODELS: dict[str, PublishedShape] = {"deepseek-v3": DEEPSEEK_V3, "qwen3-30b-a3b": QWEN3_30B_A3B,
                                          "qwen2-57b-a14b": QWEN2_57B_A14B}  # shapes and sources: chapter 6

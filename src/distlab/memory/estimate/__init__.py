@@ -16,7 +16,9 @@
   and the loss) and `optimizer_step` (Adam's for-loop, foreach and fused forms) on a `timeline.Timeline`
   (live bytes by kind).
 - `moe_states`, `moe_activations`: a mixture of experts (`ModelShape(moe=...)`) under parallel folding:
-  model states per rank over dp and edp, dispatch buffers, and an approximate peak (MLA included);
+  model states per rank over dp and edp, dispatch buffers, and an approximate peak of every pipeline
+  stage (`moe_stage_peaks`, the last with its head; MLA included), within 1 % of chapter 12's dry run of
+  a whole stage;
   `moe_savings`, DeepSeek-V3's recomputation and FP8 activation caching as options of that peak;
   `moe_block_activations`, every tensor chapter 6's folded block saves on a rank, from its measured
   routing (equal to the bytes the block saves, byte for byte); `moe_step_peak`, the peak of one training

@@ -17,7 +17,8 @@ value (2 for BF16), nothing recomputed unless `savings` says so (below):
   log-sum-exp. This is the approximation: a kernel that fuses the up-projections saves less;
 - **MoE**: the norm's input and output T h (T / tp h each with sequence parallelism, which Megatron-Core
   requires with tp > 1 and experts: its `TransformerConfig` refuses the one without the other); the router's
-  probabilities on the rank's T / tp tokens, E fp32 each; per routed copy (T / tp tokens x k): the expert's
+  probabilities on the rank's T / tp tokens, E fp32 each (and, under FP8 caching, its own BF16 copy of the
+  norm's output, `Savings.router_input`); per routed copy (T / tp tokens x k): the expert's
   input h, its gate and up outputs 2 F_e, the SiLU's output F_e and the product F_e (SwiGLU, unfused; a GELU
   expert saves F_e twice), and the copy's output h as the combine gets it back, with its gate, both kept by
   the product that weights one by the other; the shared experts as a dense gated MLP of width F_s / tp on T
@@ -34,7 +35,10 @@ caching the linear layers' inputs in FP8 (sec. 3.3.3: 1 byte and a tile scale; t
 A rank's peak (`moe_peak_bytes`) adds to its model states (`moe_states`) the activations of the
 micro-batches its stage holds (`shape.in_flight`: p - stage under 1F1B) times its layers, and one layer's
 dispatch and combine buffers (`moe_states.dispatch_bytes`). It leaves out the temporaries of each op and
-of the optimizer step, which chapter 7's dense walk (`peak_layout`) counts.
+of the optimizer step, which chapter 7's dense walk (`peak_layout`) counts. The last stage also holds its
+head's: the final norm's input and output and the loss's fp32 softmax over the vocabulary (`head_bytes`),
+which chapter 12's whole-stage dry run found missing (2.2 GB of DeepSeek-V3's last stage, 23 % of its
+activations).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def layer_bytes(ms: ModelShape, moe_layer: bool, tokens: int, tp: int, e: int = 
         return out + hidden_bytes(ms, tokens, ms.ffn_size / tp, e, savings)
     m = ms.moe
     shared = hidden_bytes(ms, tokens, m.shared_width * m.shared_experts / tp, e, savings, moe=True)
-    return out + tokens / tp * m.experts * 4 + routed_bytes(ms, tokens, tp, e, savings) + shared
+    router = tokens / tp * m.experts * 4 + norm_tokens * ms.hidden * savings.router_input(e)
+    return out + router + routed_bytes(ms, tokens, tp, e, savings) + shared
 
 
 @dataclass(frozen=True)
@@ -116,26 +121,46 @@ class MoEPeak:
         return self.model_states + self.activations + self.dispatch
 
 
-def moe_peak_bytes(ms: ModelShape, layout: Layout, micro_batch: int = 1, microbatches: int | None = None,
-                   zero: int = 1, precision: str = "mixed", capacity_factor: float | None = None,
-                   savings: Savings = NONE, sequence_parallel: bool | None = None) -> MoEPeak:
-    """The peak of the rank that holds the most (module docstring), 1F1B; `savings`: DeepSeek-V3's
-    recomputation and FP8 activation caching (`moe_savings.Savings`), none by default; `sequence_parallel`
-    (`layer_bytes`): by default on where tp > 1, as Megatron-Core requires for MoE with tp > 1."""
+def head_bytes(ms: ModelShape, tokens: int, tp: int, e: int = 2, savings: Savings = NONE) -> float:
+    """Saved bytes of the last stage's head and loss per micro-batch: the final RMSNorm's input T h, its
+    output T h (the output layer's input, kept in BF16: DeepSeek-V3 keeps the output head out of FP8, sec.
+    3.3; none when the norms are recomputed) and the cross-entropy's fp32 softmax of the rank's T V / tp
+    logits (PyTorch's log-softmax output; Megatron-LM's vocab-parallel loss keeps the same fp32 softmax)."""
+    head_input = 0.0 if savings.recompute else e
+    return tokens * ms.hidden * (e + head_input) + tokens * ms.vocab / tp * 4
+
+
+def moe_stage_peaks(ms: ModelShape, layout: Layout, micro_batch: int = 1, microbatches: int | None = None,
+                    zero: int = 1, precision: str = "mixed", capacity_factor: float | None = None,
+                    savings: Savings = NONE, sequence_parallel: bool | None = None) -> list[MoEPeak]:
+    """The peak of one rank of every pipeline stage (module docstring), 1F1B; the last stage also holds its
+    head's and loss's saved tensors (`head_bytes`) for its one micro-batch in flight. Parameters as
+    `moe_peak_bytes`."""
     tp, cp, pp = layout.size("tp"), layout.size("cp"), layout.size("pp")
     sp = tp > 1 if sequence_parallel is None else sequence_parallel
     tokens = micro_batch * ms.seq // cp
     m = microbatches or pp
     states = stage_states(ms, layout, zero, precision)
     buffers = dispatch_bytes(tokens // tp, ms.moe.top_k, ms.hidden, 2, capacity_factor)
-    best, first = None, 0
+    out, first = [], 0
     for i, n in enumerate(stages.stage_layers(ms.layers, pp)):
         dense = max(0, min(n, ms.moe.dense_layers - first))
         act = dense * layer_bytes(ms, False, tokens, tp, savings=savings) \
-            + (n - dense) * layer_bytes(ms, True, tokens, tp, savings=savings, sequence_parallel=sp)
+            + (n - dense) * layer_bytes(ms, True, tokens, tp, savings=savings, sequence_parallel=sp) \
+            + (head_bytes(ms, tokens, tp, savings=savings) if i == pp - 1 else 0.0)
         act *= stages.in_flight("1f1b", i, pp, m, 1)
-        peak = MoEPeak(states[i].model_states_bytes, act, buffers if n > dense else 0.0, i)
-        if best is None or peak.peak_bytes > best.peak_bytes:
-            best = peak
+        out.append(MoEPeak(states[i].model_states_bytes, act, buffers if n > dense else 0.0, i))
         first += n
-    return best
+    return out
+
+
+def moe_peak_bytes(ms: ModelShape, layout: Layout, micro_batch: int = 1, microbatches: int | None = None,
+                   zero: int = 1, precision: str = "mixed", capacity_factor: float | None = None,
+                   savings: Savings = NONE, sequence_parallel: bool | None = None) -> MoEPeak:
+    """The peak of the rank that holds the most (module docstring, `moe_stage_peaks`), 1F1B; `savings`:
+    DeepSeek-V3's recomputation and FP8 activation caching (`moe_savings.Savings`), none by default;
+    `sequence_parallel` (`layer_bytes`): by default on where tp > 1, as Megatron-Core requires for MoE with
+    tp > 1."""
+    peaks = moe_stage_peaks(ms, layout, micro_batch, microbatches, zero, precision, capacity_factor, savings,
+                            sequence_parallel)
+    return max(peaks, key=lambda p: p.peak_bytes)
