@@ -7,10 +7,33 @@ same messages on a fake process group and compares them with these functions, by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from distlab.plan.moe_cost import MoEAssumptions, MoEConfig
+from distlab.layout import Layout
+from distlab.model_shape import ModelShape
+from distlab.plan.inputs import ClusterSpec
+
+
+class MoEConfig(Protocol):
+    """What these functions read of a `moe_cost.MoEConfig` (named as a protocol so that this file, which
+    `moe_cost` imports, does not import it back)."""
+
+    shape: ModelShape
+    layout: Layout
+    cluster: ClusterSpec
+    micro_batch: int
+
+    @property
+    def microbatches(self) -> int: ...
+
+    @property
+    def tokens_per_rank(self) -> int: ...
+
+
+class MoEAssumptions(Protocol):
+    """What `a2a_bytes` reads of a `moe_cost.MoEAssumptions`."""
+
+    fp8_dispatch: bool
 
 
 def a2a_bytes(c: MoEConfig, a: MoEAssumptions) -> list[int]:
