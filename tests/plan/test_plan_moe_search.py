@@ -231,6 +231,10 @@ def test_a_pin_that_breaks_a_rule_is_counted_and_h800_is_an_h100_with_less_nvlin
     assert code == 1 and out["kept"] == 0 and out["removed"]["layout: ep does not divide the 256 experts"] > 0
     assert all(k.startswith("layout: ") for k in out["removed"])
     assert out["cluster"]["gpu"] == "H100" and out["cluster"]["intra_GBps"] == pytest.approx(200)
+    assert out["cluster"]["asked_for"] == "H800"
+    code, text, _ = _run(capsys, "--moe-model", "deepseek-v3", "--gpu", "H800", "--nodes", "256",
+                         "--batch", "15360", "--ep", "3")
+    assert "2048 H800 (priced as H100 with NVLink 200 GB/s per direction)" in text  # says what was asked for
 
 
 def test_nothing_fits_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,8 +122,10 @@ def verdict_text(p: dict[str, Any]) -> str:
 def table(out: dict[str, Any], top: int = 10) -> str:
     """The first `top` candidates as aligned text, the removals per rule and the published verdict."""
     c = out["cluster"]
+    gpu = c["gpu"] if "asked_for" not in c else \
+        f"{c['asked_for']} (priced as {c['gpu']} with NVLink {c['intra_GBps']:g} GB/s per direction)"
     lines = [f"{out['model']} ({out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active) on "
-             f"{c['gpus']} {c['gpu']} ({c['nodes']} servers x {c['gpus_per_node']}), batch {out['batch']} x "
+             f"{c['gpus']} {gpu} ({c['nodes']} servers x {c['gpus_per_node']}), batch {out['batch']} x "
              f"{out['seq']} tokens: {out['kept']:,} configurations fit",
              f"  assumptions: {out['assumptions']}",
              f"  memory: moe_peak_bytes at most {out['usable_memory']:.0%} of {c['hbm_bytes'] / 1e9:.0f} GB; "
