@@ -124,33 +124,36 @@ def _stream(t: Team, plan: _Plan, reduce: Reduce | None) -> None:
     """Run the plan: the segment sent in item i + S is the one received in item i, so it goes on as
     soon as item i has arrived and been reduced; receives are posted pipeline_depth items ahead."""
     items, per_chunk, ahead = plan.items, plan.per_chunk, t.segmenting.pipeline_depth
-    send_to, recv_from = plan.steps[0].send_to, plan.steps[0].recv_from
-    recvs: dict[int, tuple[torch.Tensor, Any]] = {}
-    sends: dict[int, Any] = {}
+    isend = t.sender(plan.flat, plan.steps[0].send_to)  # every message goes to the same neighbour
+    irecv = t.receiver(plan.flat, plan.steps[0].recv_from)
+    received: list[torch.Tensor | None] = [None] * items  # item -> its receive buffer, until reduced
+    recvs: list[Any] = [None] * items  # item -> its pending receive (None: nothing to receive)
+    sends: list[Any] = [None] * items  # item -> its pending send
 
     def post_recv(item: int) -> None:
-        buf = plan.recv_buffer(item)
-        recvs[item] = (buf, t.irecv(buf, recv_from) if buf.numel() else None)
+        buf = received[item] = plan.recv_buffer(item)
+        recvs[item] = irecv(buf) if buf.numel() else None
 
     def post_send(item: int) -> None:
         buf = plan.send_buffer(item)
-        sends[item] = t.isend(buf, send_to) if buf.numel() else None
+        sends[item] = isend(buf) if buf.numel() else None
 
     for item in range(min(ahead, items)):
         post_recv(item)
     for item in range(min(per_chunk, items)):  # the first step sends this rank's own data
         post_send(item)
     for item in range(items):
-        buf, work = recvs.pop(item)
-        _wait(work)
-        _wait(sends.pop(item - per_chunk, None))  # out before this reduce may overwrite its partials
+        _wait(recvs[item])
+        if item >= per_chunk:
+            _wait(sends[item - per_chunk])  # out before this reduce may overwrite its partials
+            sends[item - per_chunk] = None
         if reduce is not None:
-            plan.reduce_into(item, buf, reduce)
+            plan.reduce_into(item, received[item], reduce)
         if item + per_chunk < items:
             post_send(item + per_chunk)  # forward what just arrived
         if item + ahead < items:
             post_recv(item + ahead)  # reuses the pool slot just reduced
-    for work in sends.values():
+    for work in sends:
         _wait(work)
 
 
