@@ -7,7 +7,8 @@ inside that group. One idea per file:
   on, reducers, segmented exchange, send_all, recv_all, exchange_reduce); `segmenting`: `Segmenting`,
   how messages are cut into segments (`segmenting=`, default `DEFAULT`).
 - `ring`: the textbook ring all-reduce and its schedule (Patarasuk & Yuan 2009); `segmented_ring`: the
-  tuned ring, whose chunks stream in segments: reduce-scatter, all-gather and all-reduce.
+  tuned ring, whose chunks stream in segments: reduce-scatter, all-gather and all-reduce; `workspace`:
+  `Workspace`, the receive buffers a caller keeps across calls of the tuned ring (`workspace=`).
 - `trees`: the binomial-tree broadcast, reduce, scatter and gather; `all_reduce`: recursive doubling and
   the two-level all-reduce; `all_to_all`: the pairwise all-to-all (Thakur, Rabenseifner & Gropp 2005).
 - `algorithms`: the ALGORITHMS registry the benchmark reads.
@@ -30,12 +31,14 @@ from distlab.collectives.ring import RingStep, chunk_bounds, ring_all_reduce, ri
 from distlab.collectives.segmented_ring import ring_all_gather, ring_reduce_scatter, segmented_ring_all_reduce
 from distlab.collectives.segmenting import Segmenting
 from distlab.collectives.trees import gather, scatter, tree_broadcast, tree_reduce
+from distlab.collectives.workspace import Workspace
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "RingStep",
     "Segmenting",
+    "Workspace",
     "chunk_bounds",
     "fit_machine",
     "gather",

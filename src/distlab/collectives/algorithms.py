@@ -28,13 +28,15 @@ from distlab.collectives.trees import gather, scatter, tree_broadcast, tree_redu
 class Algorithm:
     """One entry of ALGORITHMS: which collective it implements, the function, and a one-line summary.
 
-    `needs` names required arguments beyond the collective's usual ones (the caller must supply them).
+    `needs` names required arguments beyond the collective's usual ones (the caller must supply them);
+    `workspace`: it takes `workspace=`, a `Workspace` the caller keeps across calls for its buffers.
     """
 
     collective: str
     fn: Callable[..., Any]
     description: str
     needs: tuple[str, ...] = ()
+    workspace: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -43,7 +45,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                  "chunks (Patarasuk & Yuan 2009)"),
     "segmented_ring_all_reduce": Algorithm(
         "all_reduce", segmented_ring_all_reduce,
-        "the same ring with chunks streamed in segments, receives posted ahead (as gloo's ring)"),
+        "the same ring with chunks streamed in segments, receives posted ahead (as gloo's ring)",
+        workspace=True),
     "recursive_doubling_all_reduce": Algorithm(
         "all_reduce", recursive_doubling_all_reduce,
         "log2 p exchanges of the whole vector with partners 2^k apart (Thakur et al. 2005)"),
@@ -52,7 +55,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         "tree reduce in each node, segmented ring across node leaders, tree broadcast in each node",
         needs=("ranks_per_node",)),
     "ring_reduce_scatter": Algorithm("reduce_scatter", ring_reduce_scatter,
-                                     "p - 1 ring steps, each streaming on a partially reduced chunk"),
+                                     "p - 1 ring steps, each streaming on a partially reduced chunk",
+                                     workspace=True),
     "ring_all_gather": Algorithm("all_gather", ring_all_gather,
                                  "p - 1 ring steps, each streaming on the block received last"),
     "tree_broadcast": Algorithm("broadcast", tree_broadcast, "binomial tree, ceil(log2 p) rounds (MPICH)"),

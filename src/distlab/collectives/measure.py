@@ -23,6 +23,7 @@ from torch.distributed import ProcessGroup
 from distlab import launch
 from distlab.collectives.algorithms import ALGORITHMS
 from distlab.collectives.busbw import BUILTIN, COLLECTIVES, Row, busbw_factor, format_table
+from distlab.collectives.workspace import Workspace
 from distlab.dist_compat import all_gather_single, reduce_scatter_single
 from distlab.timing import time_interleaved
 
@@ -79,12 +80,15 @@ def _make_call(collective: str, impl: str, count: int, dtype: torch.dtype, ranks
 
 def _ours(collective: str, algo: Any, ranks_per_node: int, whole: Any, part: Any, parts: Any,
           g: ProcessGroup | None) -> Callable[[], object]:
-    """One call of our algorithm `algo` on the buffers."""
-    extra = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
+    """One call of our algorithm `algo` on the buffers, with its own `Workspace` kept across the calls
+    where it takes one (as a training loop keeps one per gradient bucket)."""
+    extra: dict[str, Any] = {"ranks_per_node": ranks_per_node} if "ranks_per_node" in algo.needs else {}
+    if algo.workspace:
+        extra["workspace"] = Workspace()
     fn = algo.fn
     return {
         "all_reduce": lambda: fn(whole, group=g, **extra),
-        "reduce_scatter": lambda: fn(whole, group=g),
+        "reduce_scatter": lambda: fn(whole, group=g, **extra),
         "all_gather": lambda: fn(part, group=g),
         "broadcast": lambda: fn(whole, src=0, group=g),
         "reduce": lambda: fn(whole, dst=0, group=g),

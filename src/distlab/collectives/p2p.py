@@ -61,6 +61,39 @@ class Team:
     def irecv(self, tensor: torch.Tensor, source: int) -> Any:
         return staged_p2p.irecv(tensor, group=self.group, group_src=self.members[source])
 
+    def sender(self, like: torch.Tensor, to: int) -> Callable[[torch.Tensor], Any]:
+        """`isend` to member `to` as a function of the tensor alone, for many messages of tensors like
+        `like` (same device and dtype): see `_direct`."""
+        peer = self.members[to]
+        if _direct(like, self.group):
+            send = _process_group(self.group).send
+            return lambda tensor: send([tensor], peer, 0)
+        return lambda tensor: staged_p2p.isend(tensor, group=self.group, group_dst=peer)
+
+    def receiver(self, like: torch.Tensor, source: int) -> Callable[[torch.Tensor], Any]:
+        """`irecv` from member `source` as a function of the tensor alone (see `sender`)."""
+        peer = self.members[source]
+        if _direct(like, self.group):
+            recv = _process_group(self.group).recv
+            return lambda tensor: recv([tensor], peer, 0)
+        return lambda tensor: staged_p2p.irecv(tensor, group=self.group, group_src=peer)
+
+
+def _process_group(group: ProcessGroup | None) -> ProcessGroup:
+    return group if group is not None else dist.group.WORLD
+
+
+def _direct(like: torch.Tensor, group: ProcessGroup | None) -> bool:
+    """Whether messages of tensors like `like` may go straight to the process group's own send and recv.
+
+    `dist.isend(t, group=g, group_dst=d)` checks its arguments and then calls `g.send([t], d, tag)`, the
+    same call (and the same c10d op, which `comm_log` sees) made here once the checks have been done for
+    the whole collective: `team()` checked the group, and a plain real tensor that `staged_p2p` would not
+    stage needs nothing else. At tens of messages per call the checks are a visible part of the time.
+    """
+    return (type(like) is torch.Tensor and not like.is_complex()
+            and not staged_p2p.needs_staging(like.device, dist.get_backend(group)))
+
 
 def team(group: ProcessGroup | None, segmenting: Segmenting = DEFAULT) -> Team:
     """Check `group` (None = the whole world) and `segmenting`; the team of all the group's ranks."""

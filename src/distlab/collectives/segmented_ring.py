@@ -22,6 +22,7 @@ from torch.distributed import ProcessGroup, ReduceOp
 from distlab.collectives.p2p import Reduce, Team, flatten, reducer, team, write_back
 from distlab.collectives.ring import ALL_GATHER, REDUCE_SCATTER, RingStep, chunk_bounds, ring_steps
 from distlab.collectives.segmenting import DEFAULT, Segmenting
+from distlab.collectives.workspace import Workspace, check_workspace, scratch
 
 # --------------------------------------------------------------------------------------------------
 # The plan: which buffer every segment of every step is sent from, received into and reduced into
@@ -58,14 +59,14 @@ class _Plan:
 
     @classmethod
     def make(cls, flat: torch.Tensor, bounds: list[tuple[int, int]], steps: list[RingStep], seg: Segmenting,
-             partials: list[torch.Tensor] | None) -> _Plan:
+             partials: list[torch.Tensor] | None, workspace: Workspace | None = None) -> _Plan:
         per_chunk, seg_len = _segments_per_chunk(bounds, flat.element_size(), seg)
         # Receive slots: pipeline_depth, or fewer when the reduce-scatter has fewer items. Fresh pages
-        # cost a page fault each on first touch, which at a few MB is a visible part of the time.
+        # cost a page fault each on first touch, so a caller that calls often keeps them in a workspace.
         slots = min(seg.pipeline_depth, sum(s.phase == REDUCE_SCATTER for s in steps) * per_chunk)
         cuts = [chunk_bounds(hi - lo, per_chunk) for lo, hi in bounds]
-        return cls(flat, bounds, steps, per_chunk, seg_len, flat.new_empty(slots * seg_len), slots, partials,
-                   cuts)
+        pool = scratch(workspace, "receive pool", flat, slots * seg_len)
+        return cls(flat, bounds, steps, per_chunk, seg_len, pool, slots, partials, cuts)
 
     @property
     def items(self) -> int:
@@ -124,33 +125,36 @@ def _stream(t: Team, plan: _Plan, reduce: Reduce | None) -> None:
     """Run the plan: the segment sent in item i + S is the one received in item i, so it goes on as
     soon as item i has arrived and been reduced; receives are posted pipeline_depth items ahead."""
     items, per_chunk, ahead = plan.items, plan.per_chunk, t.segmenting.pipeline_depth
-    send_to, recv_from = plan.steps[0].send_to, plan.steps[0].recv_from
-    recvs: dict[int, tuple[torch.Tensor, Any]] = {}
-    sends: dict[int, Any] = {}
+    isend = t.sender(plan.flat, plan.steps[0].send_to)  # every message goes to the same neighbour
+    irecv = t.receiver(plan.flat, plan.steps[0].recv_from)
+    received: list[torch.Tensor | None] = [None] * items  # item -> its receive buffer, until reduced
+    recvs: list[Any] = [None] * items  # item -> its pending receive (None: nothing to receive)
+    sends: list[Any] = [None] * items  # item -> its pending send
 
     def post_recv(item: int) -> None:
-        buf = plan.recv_buffer(item)
-        recvs[item] = (buf, t.irecv(buf, recv_from) if buf.numel() else None)
+        buf = received[item] = plan.recv_buffer(item)
+        recvs[item] = irecv(buf) if buf.numel() else None
 
     def post_send(item: int) -> None:
         buf = plan.send_buffer(item)
-        sends[item] = t.isend(buf, send_to) if buf.numel() else None
+        sends[item] = isend(buf) if buf.numel() else None
 
     for item in range(min(ahead, items)):
         post_recv(item)
     for item in range(min(per_chunk, items)):  # the first step sends this rank's own data
         post_send(item)
     for item in range(items):
-        buf, work = recvs.pop(item)
-        _wait(work)
-        _wait(sends.pop(item - per_chunk, None))  # out before this reduce may overwrite its partials
+        _wait(recvs[item])
+        if item >= per_chunk:
+            _wait(sends[item - per_chunk])  # out before this reduce may overwrite its partials
+            sends[item - per_chunk] = None
         if reduce is not None:
-            plan.reduce_into(item, buf, reduce)
+            plan.reduce_into(item, received[item], reduce)
         if item + per_chunk < items:
             post_send(item + per_chunk)  # forward what just arrived
         if item + ahead < items:
             post_recv(item + ahead)  # reuses the pool slot just reduced
-    for work in sends.values():
+    for work in sends:
         _wait(work)
 
 
@@ -172,16 +176,19 @@ def _check_out(out: torch.Tensor | None, numel: int, like: torch.Tensor, what: s
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | None = None,
-                        *, out: torch.Tensor | None = None, segmenting: Segmenting = DEFAULT) -> torch.Tensor:
+                        *, out: torch.Tensor | None = None, segmenting: Segmenting = DEFAULT,
+                        workspace: Workspace | None = None) -> torch.Tensor:
     """Ring reduce-scatter (Patarasuk & Yuan 2009): the reduction of chunk i of the flattened tensor
     lands on rank i of `group`, with chunks as in chunk_bounds(tensor.numel(), p).
 
     Returns this rank's reduced chunk as a 1-D tensor: `out` if given (preallocated, as with
     torch.distributed.reduce_scatter_tensor), else a new one. `tensor` is not modified: the partial
     result of step s lives in a spare chunk-sized buffer until step s + 1 has sent it on. Every rank
-    must pass a tensor with the same number of elements and dtype.
+    must pass a tensor with the same number of elements and dtype. `workspace`: a `Workspace` the
+    caller keeps across calls for the receive pool and the spare chunks (None: allocated per call).
     Cost: (p - 1) alpha + (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank.
     """
+    check_workspace(workspace)
     t = team(group, segmenting)
     reduce, flat = reducer(op), flatten(tensor)
     bounds = chunk_bounds(flat.numel(), t.size)
@@ -192,9 +199,10 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group
         return result if out is None else out
     steps = [s for s in ring_steps(t.size, t.pos) if s.phase == REDUCE_SCATTER]
     per_chunk, seg_len = _segments_per_chunk(bounds, flat.element_size(), segmenting)
-    spares = [flat.new_empty(per_chunk * seg_len) for _ in range(min(2, len(steps) - 1))]
+    spares = [scratch(workspace, f"partial {i}", flat, per_chunk * seg_len)
+              for i in range(min(2, len(steps) - 1))]
     partials = [spares[s % 2] for s in range(len(steps) - 1)] + [result]
-    _stream(t, _Plan.make(flat, bounds, steps, segmenting, partials), reduce)
+    _stream(t, _Plan.make(flat, bounds, steps, segmenting, partials, workspace), reduce)
     return result if out is None else out
 
 
@@ -222,21 +230,25 @@ def ring_all_gather(tensor: torch.Tensor, group: ProcessGroup | None = None, *,
 
 
 def segmented_ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
-                              group: ProcessGroup | None = None, *,
-                              segmenting: Segmenting = DEFAULT) -> torch.Tensor:
+                              group: ProcessGroup | None = None, *, segmenting: Segmenting = DEFAULT,
+                              workspace: Workspace | None = None) -> torch.Tensor:
     """Ring all-reduce in place whose chunks stream around the ring in segments (Patarasuk & Yuan 2009;
     segmenting as in gloo's ring). Same steps as ring_all_reduce_schedule(p); returns `tensor`.
+    `workspace`: a `Workspace` the caller keeps across calls for the receive pool (None: one per call).
 
     Cost: 2 (p - 1) alpha + 2 (p - 1)/p n beta + (p - 1)/p n gamma for n bytes per rank, with each
     chunk's alpha paid once per segment and all but the last segment's reduction hidden.
     """
-    return _segmented_ring_all_reduce(team(group, segmenting), tensor, op)
+    check_workspace(workspace)
+    return _segmented_ring_all_reduce(team(group, segmenting), tensor, op, workspace)
 
 
-def _segmented_ring_all_reduce(t: Team, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+def _segmented_ring_all_reduce(t: Team, tensor: torch.Tensor, op: ReduceOp,
+                               workspace: Workspace | None = None) -> torch.Tensor:
     reduce, flat = reducer(op), flatten(tensor)
     if t.size == 1 or flat.numel() == 0:
         return tensor
-    plan = _Plan.make(flat, chunk_bounds(flat.numel(), t.size), ring_steps(t.size, t.pos), t.segmenting, None)
+    plan = _Plan.make(flat, chunk_bounds(flat.numel(), t.size), ring_steps(t.size, t.pos), t.segmenting, None,
+                      workspace)
     _stream(t, plan, reduce)
     return write_back(tensor, flat)
