@@ -52,7 +52,7 @@ def test_predicted_peak_within_1_percent_of_the_measured_step_on_every_rank(worl
     book = _book_rows()
     for i, case in enumerate(CASES[world]):
         rows_of_case = compare(case, [r[i] for r in ranks])
-        top = max(rows_of_case, key=lambda row: row["measured"])
+        top = max(rows_of_case, key=lambda row: row["predicted"])  # as the table: the same rank every run
         got = (top["rank"], top["predicted"], top["measured"])
         # The prediction is arithmetic on the routing: the book's number exactly. The measurement is
         # the book's within the 1 % the chapter claims (a slow machine may see gloo's worker let go of
