@@ -29,9 +29,10 @@ from torch import Tensor, nn
 from distlab.dryrun.fake_world import fake_world
 from distlab.dryrun.held import storage_key
 from distlab.dryrun.moe_rank import FusedRMSNorm, _attention, _ep_group, _moe_modules, moe_forward
-from distlab.dryrun.moe_sequence_parallel import ReduceScatter, tp_group_ranks
+from distlab.dryrun.moe_sequence_parallel import tp_group_ranks
 from distlab.layout import Layout
 from distlab.model_shape import ModelShape
+from distlab.tensor_parallel.comm import reduce_scatter_seq
 
 __all__ = ["MLAFlashAttention", "gqa_forward", "mla_forward", "whole_layer_step"]
 
@@ -101,7 +102,7 @@ def _residual(x: Tensor, attn_out: Tensor, tp_group: dist.ProcessGroup | None) -
         return x + attn_out
     tp, mine = dist.get_world_size(tp_group), dist.get_rank(tp_group)
     rows = x.shape[0] // tp
-    return x[mine * rows:(mine + 1) * rows] + ReduceScatter.apply(attn_out, tp_group)
+    return x[mine * rows:(mine + 1) * rows] + reduce_scatter_seq(attn_out, tp_group, dim=0)
 
 
 def _saved_bytes(run, weights: set[int]) -> int:  # type: ignore[no-untyped-def]

@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from distlab import dist_compat
 from distlab.layout import Layout
+from distlab.tensor_parallel.comm import reduce_scatter_seq
 
-__all__ = ["AllGather", "ReduceScatter", "SequenceParallelLinear", "sequence_parallel_swiglu",
-           "tp_group_ranks"]
+__all__ = ["SequenceParallelLinear", "sequence_parallel_swiglu", "tp_group_ranks"]
 
 
 def tp_group_ranks(layout: Layout, rank: int) -> list[int]:
@@ -64,37 +64,9 @@ class SequenceParallelLinear(torch.autograd.Function):
         return _reduce_scatter(grad @ weight, ctx.group), grad.t() @ whole, None
 
 
-class ReduceScatter(torch.autograd.Function):
-    """The row-parallel layer's g-bar under sequence parallelism: reduce-scatter forward, all-gather
-    backward; saves nothing."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
-        ctx.group = group
-        return _reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return _gather(grad, ctx.group), None
-
-
-class AllGather(torch.autograd.Function):
-    """The sequence-parallel g: all-gather the tp group's T / tp slices into all T tokens forward,
-    reduce-scatter the gradient back; saves nothing (what a layer then saves of the T tokens is its own)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
-        ctx.group = group
-        return _gather(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return _reduce_scatter(grad, ctx.group), None
-
-
 def sequence_parallel_swiglu(x: Tensor, mlp: nn.Module, group: dist.ProcessGroup) -> Tensor:
     """`mlp` (a SwiGLU with gate, up and down, F / tp wide) on the rank's T / tp tokens `x`, as a
     tensor-parallel MLP under sequence parallelism (module docstring): T / tp output rows."""
     gate = SequenceParallelLinear.apply(x, mlp.gate.weight, group)
     up = SequenceParallelLinear.apply(x, mlp.up.weight, group)
-    return ReduceScatter.apply(mlp.down(nn.functional.silu(gate) * up), group)
+    return reduce_scatter_seq(mlp.down(nn.functional.silu(gate) * up), group, dim=0)

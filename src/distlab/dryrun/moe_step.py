@@ -52,12 +52,13 @@ from distlab.dryrun.held import gradient_watch, storage_key
 from distlab.dryrun.moe_layer import _residual, gqa_forward, mla_forward
 from distlab.dryrun.moe_rank import FusedRMSNorm, _ep_group, moe_forward, stage_modules
 from distlab.dryrun.moe_savings_step import CachedSaves, dense_ffn, head, mark_rules, mla_attention, moe_half
-from distlab.dryrun.moe_sequence_parallel import AllGather, ReduceScatter, tp_group_ranks
+from distlab.dryrun.moe_sequence_parallel import tp_group_ranks
 from distlab.layout import Layout
 from distlab.memory.estimate import shape as stages
 from distlab.memory.estimate.moe_savings import NONE, Savings
 from distlab.model_shape import ModelShape
 from distlab.pipeline.schedules import one_f_one_b_schedule
+from distlab.tensor_parallel.comm import all_gather_seq, reduce_scatter_seq
 
 __all__ = ["StageStep", "stage_step"]
 
@@ -125,7 +126,7 @@ class _Stage:
 
     def _gather(self, x: Tensor) -> Tensor:
         """All T tokens from the rank's T / tp under sequence parallelism (tp > 1); x itself with tp = 1."""
-        return x if self.groups[1] is None else AllGather.apply(x, self.groups[1])
+        return x if self.groups[1] is None else all_gather_seq(x, self.groups[1], dim=0)
 
     def _layer(self, layer: nn.ModuleDict, moe: bool, x: Tensor) -> Tensor:
         if self.savings != NONE:
@@ -137,7 +138,7 @@ class _Stage:
         if moe:
             return h + moe_forward(self._moe_view(layer), h, self.ms.moe.top_k, self.groups, ["layer"])
         y = layer["mlp"](FusedRMSNorm.apply(self._gather(h), layer["ffn_norm"].weight))
-        return h + (y if tp is None else ReduceScatter.apply(y, tp))
+        return h + (y if tp is None else reduce_scatter_seq(y, tp, dim=0))
 
     def forward(self, x: Tensor) -> Tensor:
         """x: the token ids (b, s) on the first stage, else the received (b s, h) activations; returns the
@@ -145,7 +146,8 @@ class _Stage:
         h = x
         if self.first:
             h = self.mods["embedding"](x).view(-1, self.ms.hidden)
-            h = h if self.groups[1] is None else ReduceScatter.apply(h, self.groups[1])  # vocab-parallel
+            if self.groups[1] is not None:  # the vocab-parallel embedding's partial sums
+                h = reduce_scatter_seq(h, self.groups[1], dim=0)
         for layer, moe in zip(self.mods["layers"], self.moe, strict=True):
             h = self._layer(layer, moe, h)
         if not self.last:
