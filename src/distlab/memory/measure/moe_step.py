@@ -112,18 +112,20 @@ def measure_moe_step(case: MoEStepCase) -> dict:
     block, and what the router did (this rank's kept assignments per expert), for the prediction."""
     import torch.distributed as dist
 
+    from distlab import launch
     from distlab.memory.estimate.optimizer_step import adam_kwargs
     from distlab.moe.folded_block import FoldedMoEBlock, MoEBlock
     from distlab.moe.folding import fold_meshes
 
-    dtype = getattr(torch, case.dtype)
+    dtype, dev = getattr(torch, case.dtype), launch.device()  # CPU on gloo, the rank's GPU on NCCL
     meshes = fold_meshes(tp=case.tp, ep=case.ep, num_heads=case.heads, num_experts=case.experts)
     torch.manual_seed(0)
-    ref = MoEBlock(case.hidden, case.heads, case.ffn, case.experts, case.k, case.capacity_factor).to(dtype)
+    ref = MoEBlock(case.hidden, case.heads, case.ffn, case.experts, case.k, case.capacity_factor)
+    ref = ref.to(dev, dtype)
     block = FoldedMoEBlock.from_reference(ref, meshes)
     gen = torch.Generator().manual_seed(1 + dist.get_rank() // case.tp)  # one batch per dp replica
-    x = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dtype)
-    w = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dtype)
+    x = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dev, dtype)
+    w = torch.randn(case.batch, case.seq, case.hidden, generator=gen).to(dev, dtype)
     optimizer = torch.optim.Adam(block.parameters(), lr=1e-3, **adam_kwargs(case.adam))
     seen: dict[str, list[int]] = {}
 
