@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from distlab.observe import intervals
+from distlab.observe.measured import _row, checks
 from distlab.observe.overlap import overlap
-from distlab.observe.trace import STEP_LABEL, Span, merge, spans
+from distlab.observe.trace import BACKWARD_LABEL, STEP_LABEL, Span, merge, spans
 
 
 def test_interval_arithmetic_is_exact() -> None:
@@ -65,6 +66,43 @@ def test_a_gloo_rank_trace_is_read_and_merged() -> None:
     assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
     with pytest.raises(ValueError, match="no complete"):
         spans({"traceEvents": []}, 0)
+
+
+class _Timeline:
+    """The parts of chapter 2's StepTimeline that `measured._row` reads: one all-reduce, launched at
+    3 ms of a 5 ms backward and done at 9 ms (times from backward's start)."""
+
+    nbytes, launch, done = (1024,), (3e-3,), (9e-3,)
+    comm_seconds, hidden_seconds, exposed_seconds, backward_end = 6e-3, 2e-3, 4e-3, 5e-3
+
+
+def _overlapped_step(comm_start_us: float) -> list[Span]:
+    """One traced step: backward [0, 5000) us, then a bucket copied back [6000, 9000) us on the main
+    thread; the gloo all-reduce from `comm_start_us` to 8800 us on a worker thread."""
+    trace = {"traceEvents": [
+        _x(STEP_LABEL, "user_annotation", 1, 0, 10000),
+        _x(BACKWARD_LABEL, "user_annotation", 1, 0, 5000),
+        _x("aten::mm", "cpu_op", 1, 0, 5000), _x("aten::copy_", "cpu_op", 1, 6000, 3000),
+        _x("gloo:all_reduce", "user_annotation", 7, comm_start_us, 8800 - comm_start_us)]}
+    return spans(trace, 0)
+
+
+def test_hidden_is_compared_inside_backward_not_over_the_step() -> None:
+    got = _overlapped_step(comm_start_us=4000)
+    assert {(s.row, s.kind) for s in got} == {("main", "step"), ("main", "backward"), ("main", "compute"),
+                                             ("thread 1", "comm")}
+    out = {"timelines": [_Timeline()], "calls": 1}
+    row = _row("overlapped", 1, out, got)
+    # over the whole step the trace hides 1 ms in backward and 2.8 ms behind the copy: 79 % of its
+    # 4.8 ms, above the timeline's 33 %; inside backward, 1 ms, below the timeline's 2 ms
+    assert row.trace.hidden_fraction == pytest.approx(3.8 / 4.8)
+    assert row.trace.hidden_fraction > row.timeline_hidden_fraction + 0.05
+    assert row.trace_hidden_in_backward == pytest.approx(1e-3)
+    assert checks(row) == {"counts": True, "inside": True, "hidden": True}
+    # a trace that hides more inside backward than the timeline saw in flight there is caught
+    early = _row("overlapped", 1, out, _overlapped_step(comm_start_us=0))
+    assert early.trace_hidden_in_backward == pytest.approx(5e-3)
+    assert checks(early)["hidden"] is False
 
 
 def test_the_trace_figure_draws_a_row_per_rank_and_thread() -> None:

@@ -1,8 +1,8 @@
 """Overlap measured from real 2-rank traces of chapter 2's strategies: the trace, `comm_log` and chapter 2's
-`StepTimeline` count the same all-reduces; the trace's communication lies inside the timeline's and its
-hidden share is at most the timeline's; the overlapped strategy hides more than the blocking ones, which
-hide none; `no_sync` accumulation over 4
-micro-batches all-reduces once per step; and the merged trace has one process per rank."""
+`StepTimeline` count the same all-reduces; the trace's communication lies inside the timeline's and,
+inside the backward passes, it hides at most the timeline's hidden seconds; the overlapped strategy
+hides more than the blocking ones, which hide none; `no_sync` accumulation over 4 micro-batches
+all-reduces once per step; and the merged trace has one process per rank."""
 
 from __future__ import annotations
 

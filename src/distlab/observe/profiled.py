@@ -3,12 +3,13 @@ under `torch.profiler`, each rank writing its Chrome trace, beside what the chap
 
 `profile_data_parallel` runs a warm-up step, then `steps` profiled steps of one gradient strategy of
 chapter 2 (`per_parameter`, `bucketed`, `overlapped`; with `accumulate` > 1 the first micro-batches run
-inside `no_sync`), each inside a `distlab:step` range. The warm-up step runs under `comm_log` (the
-course's count of collectives; its dispatch mode slows every operator, so it stays out of the traced
-steps, which issue the same collectives). It returns the trace's path, the count and bytes of all-reduces
-`comm_log` saw per step times `steps`, and chapter 2's own `StepTimeline` of each step (its perf_counter
-times of backward and each all-reduce), which `overlap` is checked against. `profile_tensor_parallel`
-writes the traces of chapter 5's sequence-parallel MLP step, plain and with collective matmuls.
+inside `no_sync`), each inside a `distlab:step` range, each backward pass inside a `distlab:backward`
+one. The warm-up step runs under `comm_log` (the course's count of collectives; its dispatch mode slows
+every operator, so it stays out of the traced steps, which issue the same collectives). It returns the
+trace's path, the count and bytes of all-reduces `comm_log` saw per step times `steps`, and chapter 2's
+own `StepTimeline` of each step (its perf_counter times of backward and each all-reduce), which
+`overlap` is checked against. `profile_tensor_parallel` writes the traces of chapter 5's
+sequence-parallel MLP step, plain and with collective matmuls.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from distlab import launch, sharding
 from distlab.comm_log import comm_log
 from distlab.data_parallel import StepTimeline, broadcast_parameters, make_strategy
-from distlab.observe.trace import STEP_LABEL
+from distlab.observe.trace import BACKWARD_LABEL, STEP_LABEL
 from distlab.reference import SGD, Task, gpt_task
 from distlab.tensor_parallel.overlap_bench import quiet_native_stderr
 
@@ -71,8 +72,9 @@ def profile_data_parallel(out_dir: str, strategy: str, steps: int = 2, accumulat
                 loss = task.loss(model, x, y)
                 _sync(dev)
                 t0 = time.perf_counter()
-                loss.backward()
-                _sync(dev)
+                with record_function(BACKWARD_LABEL):  # inside [t0, t1]: the trace's backward windows
+                    loss.backward()
+                    _sync(dev)
                 t1 = time.perf_counter()
         sync.finish()
         optimizer.step()

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 STEP_LABEL = "distlab:step"  # the record_function range around each profiled step
+BACKWARD_LABEL = "distlab:backward"  # ... and around each backward pass inside it
 COMM_PREFIXES = ("gloo:", "nccl:", "nccldevkernel", "ncclkernel")
-NOT_COMPUTE = ("c10d::", "record_param_comms", "ProfilerStep", "PythonDispatchMode", STEP_LABEL)
+NOT_COMPUTE = ("c10d::", "record_param_comms", "ProfilerStep", "PythonDispatchMode", STEP_LABEL,
+               BACKWARD_LABEL)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Span:
     name: str
     start: float
     end: float
-    kind: str  # "compute", "comm" or "step"
+    kind: str  # "compute", "comm", "step" or "backward" (a `distlab:backward` range)
 
 
 def is_comm(name: str) -> bool:
@@ -76,8 +78,8 @@ def _holders(events: Sequence[Mapping[str, Any]], main: Any) -> set[int]:
 
 def _kind(e: Mapping[str, Any], main: Any, gpu: bool) -> str | None:
     name, cat = str(e.get("name", "")), e.get("cat")
-    if name == STEP_LABEL and e.get("tid") == main:
-        return "step"
+    if name in (STEP_LABEL, BACKWARD_LABEL) and e.get("tid") == main:
+        return "step" if name == STEP_LABEL else "backward"
     if is_comm(name):
         return "comm"
     if name.startswith(NOT_COMPUTE):
@@ -88,7 +90,8 @@ def _kind(e: Mapping[str, Any], main: Any, gpu: bool) -> str | None:
 
 
 def spans(trace: Mapping[str, Any], rank: int) -> list[Span]:
-    """The compute, communication and step spans of one rank's Chrome trace (the dict `json.load` gives).
+    """The compute, communication, step and backward spans of one rank's Chrome trace (the dict
+    `json.load` gives).
 
     Rows: "main" (the thread that runs the operators), "thread N" for other threads (gloo's workers),
     "stream N" for GPU streams."""
