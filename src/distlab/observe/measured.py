@@ -68,13 +68,17 @@ class OverlapRow:
         return self.timeline_hidden / self.timeline_comm if self.timeline_comm > 0 else 0.0
 
 
+def _hidden_in_backward(rank_spans: list[Span]) -> float:
+    """Seconds of communication hidden behind computation inside the rank's `distlab:backward` ranges."""
+    backward = [(s.start, s.end) for s in rank_spans if s.kind == "backward"]
+    return overlap(rank_spans, backward).hidden if backward else 0.0
+
+
 def _row(strategy: str, accumulate: int, out: dict, rank_spans: list[Span]) -> OverlapRow:
     tls = out["timelines"]
     sizes = tuple(n for t in tls for n in t.nbytes)
     secs = tuple(b - a for t in tls for a, b in zip(t.launch, t.done, strict=True))
-    backward = [(s.start, s.end) for s in rank_spans if s.kind == "backward"]
-    in_backward = overlap(rank_spans, backward).hidden if backward else 0.0
-    return OverlapRow(strategy, accumulate, overlap(rank_spans), in_backward,
+    return OverlapRow(strategy, accumulate, overlap(rank_spans), _hidden_in_backward(rank_spans),
                       sum(t.comm_seconds for t in tls), sum(t.hidden_seconds for t in tls),
                       sum(t.exposed_seconds for t in tls), sum(len(t.launch) for t in tls), out["calls"],
                       len(tls), sum(t.backward_end for t in tls) / len(tls), sizes, secs)
