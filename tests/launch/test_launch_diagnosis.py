@@ -170,6 +170,30 @@ def test_peer_that_returned_normally_is_not_called_a_crash():
     assert out["seconds"] < 15
 
 
+# --- a rank that dies on its way out, after its function returned -------------------------------------
+
+def _groups_then_abort_on_the_way_out() -> list[int]:
+    """Both ranks make a subgroup; rank 0 then dies by SIGABRT after its result is written (in
+    `worker._exit`), as a native teardown crash would kill it."""
+    from distlab.launch import worker
+
+    sub = dist.new_group([0, 1])
+    held = worker._live_groups()
+    assert dist.group.WORLD in held and sub in held, held
+    if launch.rank() == 0:
+        worker._record_children = lambda d, rank: os.abort()
+    return [len(held)]
+
+
+def test_rank_that_dies_after_returning_is_reported_as_such():
+    out = within(60, launch.run, _groups_then_abort_on_the_way_out, 2, timeout=20)
+    msg = str(out["error"])
+    assert msg.startswith("rank 0 was killed by SIGABRT (signal 6) without raising a Python exception"), msg
+    assert "Its function had returned and its result was written; it died while the process ended." in msg
+    assert "before the function started" not in msg
+    assert re.search(r"  rank 1: returned normally at \d+\.\d s\n", msg), msg
+
+
 # --- a rank stuck outside communication -------------------------------------------------------------
 
 def _loop_forever_on(stuck_rank: int) -> int:

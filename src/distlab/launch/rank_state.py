@@ -104,7 +104,9 @@ def _death_report(s: RankState) -> str:
     text = f"rank {s.rank} {_death(s.code)} without raising a Python exception. {_hint(s.code)}."
     if s.said:
         text += f" Native code said: {s.said}."
-    if s.frames:
+    if s.returned:  # its result was written: it died on the way out (worker._exit), not in the function
+        text += " Its function had returned and its result was written; it died while the process ended."
+    elif s.frames:
         text += f" The rank was in {where(s.frames, s.sources)}."
     return text
 
