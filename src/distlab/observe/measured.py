@@ -37,7 +37,7 @@ from distlab.observe.profiled import profile_data_parallel
 from distlab.observe.trace import Span, merge_files, spans
 
 VARIANTS = (("per_parameter", 1), ("bucketed", 1), ("overlapped", 1), ("overlapped", 4))
-SLACK = 0.05  # relative slack (and on the hidden fraction, absolute) of the inequalities of `checks`
+SLACK = 0.05  # relative slack of the inequalities of `checks` (each also allows 1 ms per step)
 
 
 @dataclass(frozen=True)
