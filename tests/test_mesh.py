@@ -43,6 +43,9 @@ def _describe_and_membership() -> tuple[tuple[str, ...], str, tuple[int, int, in
     m = mesh.grid()
     tp = mesh.grid(dp=1, tp=3)
     first_two = dist.new_group([0, 1])  # rank 2 is not a member
+    # new_group returns on a rank once its own connections are up: without this barrier rank 0 could
+    # finish and exit while rank 1 still connects to it (seen once under load: "Connection closed by peer")
+    dist.barrier()
     try:
         mesh.group_rank(first_two, "tensor-parallel group")
         refused = "no error"
