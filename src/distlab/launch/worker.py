@@ -66,14 +66,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
 def init_rank(backend: str, rank: int, world_size: int, local_rank: int, timeout: float,
               store: dist.Store | None = None) -> None:
     """Join the default process group (NCCL: first pick this rank's GPU; gloo: share the CPU's cores, or
-    with DISTLAB_DEVICE=cuda make the shared GPU this rank's current device).
-
-    It also turns on torch's barrier after each group's creation (TORCH_DIST_INIT_BARRIER=1, unless set):
-    `new_group` (and so a DeviceMesh) returns on a rank once its own connections are up, and a rank
-    whose function then ended at once could exit while a peer was still connecting to it, which fails
-    that peer's `new_group` ("Connection closed by peer"; seen once, under load). With the barrier no
-    rank leaves `new_group` before every rank has made the group."""
-    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
+    with DISTLAB_DEVICE=cuda make the shared GPU this rank's current device)."""
     dev = rank_device(backend, local_rank, visible_gpus(), declared())
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
