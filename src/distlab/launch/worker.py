@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import re
@@ -208,7 +209,7 @@ def _worker_main(run_dir: str, rank: int) -> None:
         (d / f"rank{rank}.tmp").write_bytes(blob)
         os.replace(d / f"rank{rank}.tmp", d / f"rank{rank}.result")
         if dist.is_initialized():  # the function may have destroyed it itself, as torchrun scripts end
-            kept = _live_groups()  # noqa: F841 (held until os._exit: no group is ever destroyed)
+            _collect_garbage_here()
             dist.destroy_process_group()
     except BaseException as e:  # report everything, including SystemExit
         (d / f"rank{rank}.err.tmp").write_text(json.dumps(describe(e, spec["sources"])))
@@ -217,18 +218,18 @@ def _worker_main(run_dir: str, rank: int) -> None:
     _exit(d, rank, 0)
 
 
-def _live_groups() -> list[dist.ProcessGroup]:
-    """Every process group of this rank, to hold past `destroy_process_group` until `os._exit`.
+def _collect_garbage_here() -> None:
+    """Free cyclic garbage on this (the main) thread and stop the collector, before the groups go.
 
-    A gloo group's destructor joins its worker threads, so it must not run on one of them. It can once
-    the function has returned: a DDP communication hook's Python callback runs on a gloo worker, Python's
-    cyclic garbage collector may run inside it and free the last DDP module that holds the group (the
-    table's reference is gone once `destroy_process_group` clears it), and the thread then joins itself:
-    `std::system_error` "Resource deadlock avoided", SIGABRT (seen once on CI, after chapter 7's PowerSGD
-    comparison had returned). Holding every group until `os._exit`, which runs no destructor, rules it
-    out."""
-    table = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
-    return list(table) if table else [dist.group.WORLD]
+    A gloo group's destructor joins its worker threads, so it must not run on one of them. It could: a
+    DDP communication hook's Python callback runs on a gloo worker, Python's cyclic collector may run
+    inside it and free the last DDP module that holds a group once `destroy_process_group` has cleared
+    the table, and the thread then joins itself (`std::system_error` "Resource deadlock avoided",
+    SIGABRT; seen once on CI, after chapter 7's PowerSGD comparison had returned). Collected here, the
+    garbage drops its references while the table still holds every group, and with the collector off no
+    worker thread collects during the teardown; the process ends with `os._exit` right after."""
+    gc.collect()
+    gc.disable()
 
 
 def _exit(d: Path, rank: int, code: int) -> None:
