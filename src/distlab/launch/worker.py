@@ -225,9 +225,9 @@ def _collect_garbage_here() -> None:
     DDP communication hook's Python callback runs on a gloo worker, Python's cyclic collector may run
     inside it and free the last DDP module that holds a group once `destroy_process_group` has cleared
     the table, and the thread then joins itself (`std::system_error` "Resource deadlock avoided",
-    SIGABRT; seen once on CI, after chapter 7's PowerSGD comparison had returned). Collected here, the
-    garbage drops its references while the table still holds every group, and with the collector off no
-    worker thread collects during the teardown; the process ends with `os._exit` right after."""
+    SIGABRT; seen once in a fresh clone's `make test`, after chapter 7's PowerSGD comparison returned).
+    Here the garbage drops its references while the table still holds every group, and with the
+    collector off no worker thread collects during the teardown; `os._exit` follows."""
     gc.collect()
     gc.disable()
 
